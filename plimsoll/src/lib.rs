@@ -1,0 +1,4 @@
+//! plimsoll's core library.
+#![forbid(unsafe_code)]
+
+pub mod wire;
