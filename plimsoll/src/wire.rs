@@ -19,4 +19,10 @@ pub const SERVICE_NAME: &str = "plimsoll.v1.SandboxService";
 pub const SERVICE_PREFIX: &str = "/plimsoll.v1.SandboxService/";
 
 /// The five procedures, by the name that ends their path.
-pub const PROCEDURES: [&str; 5] = ["Run", "Describe", "OpenSession", "SessionRun", "CloseSession"];
+pub const PROCEDURES: [&str; 5] = [
+    "Run",
+    "Describe",
+    "OpenSession",
+    "SessionRun",
+    "CloseSession",
+];

@@ -1,0 +1,314 @@
+//! Every refusal the daemon can give, and the one table that maps each to its
+//! Connect code and `NotDispatched` reason (wire.md §8.3).
+//!
+//! The rule this table keeps: only an error that provably ran nothing carries
+//! a `NotDispatched` reason. An unmarked error means "may have run", and
+//! clients never retry it on their own. The daemon encodes with this table and
+//! the Rust client decodes with it, so the two cannot drift apart.
+
+use connectrpc::{ConnectError, ErrorCode, ErrorDetail};
+
+use crate::tier::{Floor, IsolationTier};
+use crate::wire::{NotDispatched, NotDispatchedReason, SessionEnd, SessionEnded};
+
+/// The protocol number this daemon serves and this library speaks.
+///
+/// wire.md describes protocol 3; the published Python client 0.23.0 states
+/// protocol 4 (protocol 3 plus the `instance` evidence field and record
+/// version 4), and that client must work unchanged, so 4 is served.
+pub const PROTOCOL: u32 = 4;
+
+/// Why a refused request provably ran nothing: the `NotDispatched` reason.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Reason {
+    /// Malformed or out-of-bounds request; ended or unknown session; body too large.
+    Request,
+    /// Authentication, scope, grant-profile access.
+    Permission,
+    /// Protocol number missing or different.
+    Protocol,
+    /// The provider cannot do it, the provider is disabled, sessions are off, 404.
+    Unsupported,
+    /// The current tier is below the request's floor.
+    Isolation,
+    /// Admission, rate limit, decode slots, session caps.
+    Capacity,
+    /// The sandbox cannot be shown to be the stated one, or the software fails the rule.
+    Environment,
+}
+
+impl Reason {
+    /// The reason's wire enum value.
+    pub fn to_wire(self) -> NotDispatchedReason {
+        match self {
+            Reason::Request => NotDispatchedReason::NOT_DISPATCHED_REASON_REQUEST,
+            Reason::Permission => NotDispatchedReason::NOT_DISPATCHED_REASON_PERMISSION,
+            Reason::Protocol => NotDispatchedReason::NOT_DISPATCHED_REASON_PROTOCOL,
+            Reason::Unsupported => NotDispatchedReason::NOT_DISPATCHED_REASON_UNSUPPORTED,
+            Reason::Isolation => NotDispatchedReason::NOT_DISPATCHED_REASON_ISOLATION,
+            Reason::Capacity => NotDispatchedReason::NOT_DISPATCHED_REASON_CAPACITY,
+            Reason::Environment => NotDispatchedReason::NOT_DISPATCHED_REASON_ENVIRONMENT,
+        }
+    }
+
+    /// The reason's short name, as clients and the `Plimsoll-Not-Dispatched`
+    /// header spell it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Reason::Request => "request",
+            Reason::Permission => "permission",
+            Reason::Protocol => "protocol",
+            Reason::Unsupported => "unsupported",
+            Reason::Isolation => "isolation",
+            Reason::Capacity => "capacity",
+            Reason::Environment => "environment",
+        }
+    }
+
+    /// Reads a wire reason; `UNSPECIFIED` and unknown numbers mark nothing.
+    pub fn from_wire(n: i32) -> Option<Reason> {
+        [
+            Reason::Request,
+            Reason::Permission,
+            Reason::Protocol,
+            Reason::Unsupported,
+            Reason::Isolation,
+            Reason::Capacity,
+            Reason::Environment,
+        ]
+        .into_iter()
+        .find(|r| r.to_wire() as i32 == n)
+    }
+}
+
+/// A refusal: a request the daemon turned away before anything ran.
+///
+/// Each variant is one row of wire.md §8.3. The message is what the caller
+/// reads; it never carries a token, a session id or internal detail.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum Refusal {
+    /// `ErrInvalidRequest`: the request breaks a validation rule.
+    #[error("{0}")]
+    InvalidRequest(String),
+    /// The request states no protocol number.
+    #[error("protocol must be stated; this daemon serves protocol {PROTOCOL}")]
+    ProtocolMissing,
+    /// The request states a protocol this daemon does not serve.
+    #[error("this daemon serves protocol {PROTOCOL} and the request states {0}; nothing ran")]
+    ProtocolMismatch(u32),
+    /// `ErrUnsupported`: the provider cannot run this kind of payload.
+    #[error("{0}")]
+    Unsupported(String),
+    /// `ErrDisabled`: no provider is configured; nothing runs, ever.
+    #[error("{0}")]
+    Disabled(String),
+    /// `ErrInsufficientIsolation`: the current tier is below the request's floor.
+    #[error(
+        "minimum_isolation {floor} is above this daemon's current isolation {tier}; nothing ran"
+    )]
+    InsufficientIsolation {
+        /// The caller's floor.
+        floor: Floor,
+        /// The daemon's current tier.
+        tier: IsolationTier,
+    },
+    /// `ErrSoftwareMismatch`: the selected software is outside the caller's rule.
+    #[error("{0}")]
+    SoftwareMismatch(String),
+    /// The sandbox cannot be shown to be the one stated (not proven since
+    /// restart, read-back failed, interpreter unreachable).
+    #[error("{0}")]
+    Environment(String),
+    /// `ErrSessionEnded`: the session has ended.
+    #[error("session ended: {detail}")]
+    SessionEnded {
+        /// Why it ended.
+        reason: SessionEnd,
+        /// A sentence for the caller.
+        detail: String,
+    },
+    /// The session id is unknown, or belongs to another caller (the two look alike).
+    #[error("no such session for this caller")]
+    SessionNotFound,
+    /// Authenticated, but not allowed (scope, grant profile).
+    #[error("{0}")]
+    PermissionDenied(String),
+    /// No credential, or one that is not recognised.
+    #[error("{0}")]
+    Unauthenticated(String),
+    /// `ErrAtCapacity`: admission shed the request; retry later.
+    #[error("{0}")]
+    AtCapacity(String),
+    /// The declared body is larger than the 8 MiB cap.
+    #[error("{0}")]
+    BodyTooLarge(String),
+}
+
+impl Refusal {
+    /// The Connect code and the `NotDispatched` reason of this refusal: the
+    /// table of wire.md §8.3.
+    pub fn code_and_reason(&self) -> (ErrorCode, Reason) {
+        match self {
+            Refusal::InvalidRequest(_) => (ErrorCode::InvalidArgument, Reason::Request),
+            Refusal::ProtocolMissing => (ErrorCode::InvalidArgument, Reason::Protocol),
+            Refusal::ProtocolMismatch(_) => (ErrorCode::Unimplemented, Reason::Protocol),
+            Refusal::Unsupported(_) => (ErrorCode::Unimplemented, Reason::Unsupported),
+            Refusal::Disabled(_) => (ErrorCode::FailedPrecondition, Reason::Unsupported),
+            Refusal::InsufficientIsolation { .. } => {
+                (ErrorCode::FailedPrecondition, Reason::Isolation)
+            }
+            Refusal::SoftwareMismatch(_) => (ErrorCode::FailedPrecondition, Reason::Environment),
+            Refusal::Environment(_) => (ErrorCode::FailedPrecondition, Reason::Environment),
+            Refusal::SessionEnded { .. } => (ErrorCode::FailedPrecondition, Reason::Request),
+            Refusal::SessionNotFound => (ErrorCode::NotFound, Reason::Request),
+            Refusal::PermissionDenied(_) => (ErrorCode::PermissionDenied, Reason::Permission),
+            Refusal::Unauthenticated(_) => (ErrorCode::Unauthenticated, Reason::Permission),
+            Refusal::AtCapacity(_) => (ErrorCode::ResourceExhausted, Reason::Capacity),
+            Refusal::BodyTooLarge(_) => (ErrorCode::ResourceExhausted, Reason::Request),
+        }
+    }
+
+    /// The Connect error the caller receives: code, message, the
+    /// `NotDispatched` detail and, for session refusals, the `SessionEnded` detail.
+    pub fn to_connect_error(&self) -> ConnectError {
+        let (code, reason) = self.code_and_reason();
+        let mut err = ConnectError::new(code, self.to_string());
+        err = err.with_detail(not_dispatched_detail(reason));
+        match self {
+            Refusal::SessionEnded { reason, detail } => {
+                err = err.with_detail(session_ended_detail(*reason, detail));
+            }
+            Refusal::SessionNotFound => {
+                err = err.with_detail(session_ended_detail(
+                    SessionEnd::SESSION_END_NOT_FOUND,
+                    "no such session for this caller",
+                ));
+            }
+            _ => {}
+        }
+        err
+    }
+}
+
+impl From<Refusal> for ConnectError {
+    fn from(r: Refusal) -> ConnectError {
+        r.to_connect_error()
+    }
+}
+
+/// The full name every error detail is typed by.
+pub const NOT_DISPATCHED_TYPE: &str = "plimsoll.v1.NotDispatched";
+/// The full name of the session-end detail.
+pub const SESSION_ENDED_TYPE: &str = "plimsoll.v1.SessionEnded";
+/// The full name of the unanswered-call detail.
+pub const UNANSWERED_CALL_TYPE: &str = "plimsoll.v1.UnansweredCall";
+
+/// The `NotDispatched{reason}` error detail.
+pub fn not_dispatched_detail(reason: Reason) -> ErrorDetail {
+    let msg = NotDispatched {
+        reason: reason.to_wire().into(),
+        ..Default::default()
+    };
+    ErrorDetail::from_message(NOT_DISPATCHED_TYPE, &msg)
+}
+
+fn session_ended_detail(reason: SessionEnd, detail: &str) -> ErrorDetail {
+    let msg = SessionEnded {
+        reason: reason.into(),
+        detail: detail.to_owned(),
+        ..Default::default()
+    };
+    ErrorDetail::from_message(SESSION_ENDED_TYPE, &msg)
+}
+
+/// The answer to an infrastructure fault: `internal`, unmarked (it may have
+/// run), and a message that names only the id under which the daemon logged
+/// the detail.
+pub fn internal_error(id: &str) -> ConnectError {
+    ConnectError::internal(format!(
+        "internal error {id}; the daemon's log holds its detail"
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use base64::Engine as _;
+
+    fn detail_bytes(err: &ConnectError, type_name: &str) -> Vec<u8> {
+        let d = err
+            .details
+            .iter()
+            .find(|d| d.type_url == type_name)
+            .expect("detail present");
+        let v = d.value.as_deref().expect("detail value");
+        base64::engine::general_purpose::STANDARD_NO_PAD
+            .decode(v)
+            .expect("base64")
+    }
+
+    #[test]
+    fn isolation_refusal_carries_reason_five() {
+        let r = Refusal::InsufficientIsolation {
+            floor: Floor::parse("container").expect("floor"),
+            tier: IsolationTier::Process,
+        };
+        let err = r.to_connect_error();
+        assert_eq!(err.code, ErrorCode::FailedPrecondition);
+        assert_eq!(detail_bytes(&err, NOT_DISPATCHED_TYPE), vec![0x08, 0x05]);
+    }
+
+    #[test]
+    fn capacity_refusal_carries_reason_six() {
+        let err = Refusal::AtCapacity("full".into()).to_connect_error();
+        assert_eq!(err.code, ErrorCode::ResourceExhausted);
+        assert_eq!(detail_bytes(&err, NOT_DISPATCHED_TYPE), vec![0x08, 0x06]);
+    }
+
+    #[test]
+    fn missing_protocol_is_invalid_argument_with_reason_protocol() {
+        let err = Refusal::ProtocolMissing.to_connect_error();
+        assert_eq!(err.code, ErrorCode::InvalidArgument);
+        assert_eq!(detail_bytes(&err, NOT_DISPATCHED_TYPE), vec![0x08, 0x03]);
+        assert_eq!(
+            err.message.as_deref(),
+            Some("protocol must be stated; this daemon serves protocol 4")
+        );
+    }
+
+    #[test]
+    fn other_protocol_is_unimplemented_and_names_both_numbers() {
+        let err = Refusal::ProtocolMismatch(3).to_connect_error();
+        assert_eq!(err.code, ErrorCode::Unimplemented);
+        assert_eq!(
+            err.message.as_deref(),
+            Some("this daemon serves protocol 4 and the request states 3; nothing ran")
+        );
+    }
+
+    #[test]
+    fn unknown_session_carries_not_found_end_and_reason_request() {
+        let err = Refusal::SessionNotFound.to_connect_error();
+        assert_eq!(err.code, ErrorCode::NotFound);
+        assert_eq!(detail_bytes(&err, NOT_DISPATCHED_TYPE), vec![0x08, 0x01]);
+        let ended = detail_bytes(&err, SESSION_ENDED_TYPE);
+        assert_eq!(&ended[..2], &[0x08, 0x09]);
+    }
+
+    #[test]
+    fn internal_error_is_unmarked() {
+        let err = internal_error("0123456789abcdef");
+        assert_eq!(err.code, ErrorCode::Internal);
+        assert!(err.details.is_empty());
+    }
+
+    #[test]
+    fn reasons_round_trip_through_wire_numbers() {
+        for n in 1..=7 {
+            let r = Reason::from_wire(n).expect("known reason");
+            assert_eq!(r.to_wire() as i32, n);
+        }
+        assert_eq!(Reason::from_wire(0), None);
+        assert_eq!(Reason::from_wire(8), None);
+    }
+}

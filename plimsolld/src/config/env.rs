@@ -1,0 +1,443 @@
+//! Every environment variable the daemon reads: its name, its default, its one-line meaning.
+//!
+//! This file is the only place that names a variable. [`VARIABLES`] drives both the help text
+//! ([`help_text`]) and unknown-variable detection ([`unknown_variables`]), so a variable cannot
+//! be read without being documented, and cannot be documented without being recognised.
+//! Values arrive through [`Strings`]: [`ProcessEnv`] in the daemon, a `HashMap` in tests.
+
+use std::collections::HashMap;
+
+use super::KNOWN_PROVIDERS;
+
+// === Variable names ===
+
+/// RPC listener, `host:port`. Default [`DEFAULT_ADDR`]. Not trimmed.
+pub const ENV_ADDR: &str = "PLIMSOLL_ADDR";
+/// Metrics listener, `host:port` or `off`. Default [`DEFAULT_METRICS_ADDR`]. Trimmed.
+pub const ENV_METRICS_ADDR: &str = "PLIMSOLL_METRICS_ADDR";
+/// `text` selects key=value logs; anything else means JSON.
+pub const ENV_LOG_FORMAT: &str = "PLIMSOLL_LOG_FORMAT";
+/// Path of the caller registry; wins over [`ENV_TOKEN`].
+pub const ENV_CLIENTS_FILE: &str = "PLIMSOLL_CLIENTS_FILE";
+/// One shared bearer token (visible ASCII, 32..=4096 bytes). Not trimmed.
+pub const ENV_TOKEN: &str = "PLIMSOLL_TOKEN";
+/// Exactly `1` allows a real provider without authentication.
+pub const ENV_INSECURE: &str = "PLIMSOLL_INSECURE";
+/// PEM certificate chain; set together with [`ENV_TLS_KEY`].
+pub const ENV_TLS_CERT: &str = "PLIMSOLL_TLS_CERT";
+/// PEM private key; set together with [`ENV_TLS_CERT`].
+pub const ENV_TLS_KEY: &str = "PLIMSOLL_TLS_KEY";
+/// Strict boolean: enforce the production policy.
+pub const ENV_HARDENED: &str = "PLIMSOLL_HARDENED";
+/// Which sandbox provider runs code; unset means `disabled`.
+pub const ENV_PROVIDER: &str = "SANDBOX_PROVIDER";
+/// Daemon-wide isolation floor: `process`, `container`, `kernel` or `vm`.
+pub const ENV_MIN_ISOLATION: &str = "SANDBOX_MIN_ISOLATION";
+/// Per-run memory in MiB; 0 means the provider's default.
+pub const ENV_MEMORY_MB: &str = "SANDBOX_MEMORY_MB";
+/// Per-run CPUs; 0 means the provider's default.
+pub const ENV_CPUS: &str = "SANDBOX_CPUS";
+/// Per-run process limit; 0 means none.
+pub const ENV_PIDS: &str = "SANDBOX_PIDS";
+/// Per-run writable disk in MiB; 0 means none.
+pub const ENV_DISK_MB: &str = "SANDBOX_DISK_MB";
+/// Global cap on runs in flight, in `[1, 1024]`.
+pub const ENV_MAX_CONCURRENT: &str = "SANDBOX_MAX_CONCURRENT";
+
+// === Defaults and limits ===
+
+/// Default RPC listener. Loopback on purpose: upstream's default is `:8746` (every interface);
+/// this project makes exposure an explicit choice.
+pub const DEFAULT_ADDR: &str = "127.0.0.1:8746";
+/// Default metrics listener.
+pub const DEFAULT_METRICS_ADDR: &str = "127.0.0.1:9464";
+/// Default for [`ENV_MAX_CONCURRENT`].
+pub const DEFAULT_MAX_CONCURRENT: u32 = 8;
+/// Largest accepted [`ENV_MAX_CONCURRENT`].
+pub const MAX_CONCURRENT_LIMIT: u32 = 1024;
+
+// === The table ===
+
+/// Where a variable appears in the help text.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum HelpGroup {
+    /// The provider choice and the isolation floor.
+    Provider,
+    /// Listeners, authentication, transport and policy.
+    Listeners,
+    /// Per-run envelope and admission limits.
+    Limits,
+}
+
+/// One documented variable.
+#[derive(Debug, Clone, Copy)]
+pub struct Variable {
+    /// The exact name, one of the `ENV_` constants.
+    pub name: &'static str,
+    /// The default as an operator would read it.
+    pub default: &'static str,
+    /// One line on what it does.
+    pub meaning: &'static str,
+    /// Its help-text section.
+    pub group: HelpGroup,
+}
+
+const fn var(
+    name: &'static str,
+    default: &'static str,
+    meaning: &'static str,
+    group: HelpGroup,
+) -> Variable {
+    Variable {
+        name,
+        default,
+        meaning,
+        group,
+    }
+}
+
+/// Every variable the daemon reads, in help-text order within each group.
+pub const VARIABLES: &[Variable] = &[
+    var(
+        ENV_PROVIDER,
+        "disabled",
+        "sandbox provider; this build has:",
+        HelpGroup::Provider,
+    ),
+    var(
+        ENV_MIN_ISOLATION,
+        "unset (no floor)",
+        "refuse to start below this tier: process, container, kernel or vm",
+        HelpGroup::Provider,
+    ),
+    var(
+        ENV_ADDR,
+        DEFAULT_ADDR,
+        "RPC listener host:port (:0 picks a free port; not trimmed)",
+        HelpGroup::Listeners,
+    ),
+    var(
+        ENV_METRICS_ADDR,
+        DEFAULT_METRICS_ADDR,
+        "metrics listener host:port, or off",
+        HelpGroup::Listeners,
+    ),
+    var(
+        ENV_LOG_FORMAT,
+        "json",
+        "log format: json or text (anything else means json)",
+        HelpGroup::Listeners,
+    ),
+    var(
+        ENV_CLIENTS_FILE,
+        "unset",
+        "caller registry (see plimsoll-clients); wins over PLIMSOLL_TOKEN",
+        HelpGroup::Listeners,
+    ),
+    var(
+        ENV_TOKEN,
+        "unset",
+        "one shared bearer token, 32 to 4096 visible ASCII bytes",
+        HelpGroup::Listeners,
+    ),
+    var(
+        ENV_INSECURE,
+        "unset",
+        "1 allows a real provider without authentication (development only)",
+        HelpGroup::Listeners,
+    ),
+    var(
+        ENV_TLS_CERT,
+        "unset (cleartext)",
+        "PEM certificate chain; TLS on every listener (set with PLIMSOLL_TLS_KEY)",
+        HelpGroup::Listeners,
+    ),
+    var(
+        ENV_TLS_KEY,
+        "unset (cleartext)",
+        "PEM private key (set with PLIMSOLL_TLS_CERT)",
+        HelpGroup::Listeners,
+    ),
+    var(
+        ENV_HARDENED,
+        "0",
+        "1 or true enforces the production policy and refuses to serve otherwise",
+        HelpGroup::Listeners,
+    ),
+    var(
+        ENV_MEMORY_MB,
+        "0 (provider default)",
+        "per-run memory in MiB",
+        HelpGroup::Limits,
+    ),
+    var(
+        ENV_CPUS,
+        "0 (provider default)",
+        "per-run CPUs, a finite non-negative number",
+        HelpGroup::Limits,
+    ),
+    var(
+        ENV_PIDS,
+        "0 (none)",
+        "per-run process limit (refused by wasm)",
+        HelpGroup::Limits,
+    ),
+    var(
+        ENV_DISK_MB,
+        "0 (none)",
+        "per-run writable disk in MiB (refused by wasm)",
+        HelpGroup::Limits,
+    ),
+    var(
+        ENV_MAX_CONCURRENT,
+        "8",
+        "runs in flight across all callers, 1 to 1024",
+        HelpGroup::Limits,
+    ),
+];
+
+const HELP_HEAD: &str = "\
+plimsolld: the plimsoll sandbox daemon.
+
+Usage: plimsolld
+plimsolld takes no arguments; every setting is an environment variable.
+-h, --help or help prints this text.
+";
+
+const HELP_ENDPOINTS: &str = "\
+Endpoints:
+  RPC listener:      POST /plimsoll.v1.SandboxService/{Run,Describe,OpenSession,SessionRun,CloseSession}
+                     /healthz (always ok), /readyz (provider preflight)
+  metrics listener:  GET /metrics (Prometheus text, no authentication)
+";
+
+/// The daemon's help text, generated from [`VARIABLES`] and [`KNOWN_PROVIDERS`].
+///
+/// Sections: a fixed head, the provider line listing this build's providers, listeners and
+/// authentication, limits, then the endpoints. Every variable the daemon reads appears once.
+pub fn help_text() -> String {
+    let width = VARIABLES.iter().map(|v| v.name.len()).max().unwrap_or(0) + 2;
+    let providers: Vec<&str> = KNOWN_PROVIDERS.iter().map(|p| p.name()).collect();
+    let mut out = String::from(HELP_HEAD);
+    for (group, title) in [
+        (HelpGroup::Provider, "Provider"),
+        (
+            HelpGroup::Listeners,
+            "Listeners, authentication and transport",
+        ),
+        (HelpGroup::Limits, "Limits"),
+    ] {
+        out.push('\n');
+        out.push_str(title);
+        out.push_str(":\n");
+        for v in VARIABLES.iter().filter(|v| v.group == group) {
+            let meaning = if v.name == ENV_PROVIDER {
+                format!("{} {}", v.meaning, providers.join(", "))
+            } else {
+                v.meaning.to_owned()
+            };
+            out.push_str(&format!(
+                "  {:width$}{meaning} (default: {})\n",
+                v.name, v.default
+            ));
+        }
+    }
+    out.push('\n');
+    out.push_str(HELP_ENDPOINTS);
+    out
+}
+
+/// `PLIMSOLL_*` and `SANDBOX_*` names present in `env` that are not in [`VARIABLES`], sorted.
+///
+/// The daemon logs a WARN for each; an unknown variable is never an error. Other prefixes
+/// (`E2B_*`, `DOCKER_*`) are not checked.
+pub fn unknown_variables(env: &dyn Strings) -> Vec<String> {
+    let mut unknown: Vec<String> = env
+        .names()
+        .into_iter()
+        .filter(|n| n.starts_with("PLIMSOLL_") || n.starts_with("SANDBOX_"))
+        .filter(|n| !VARIABLES.iter().any(|v| v.name == n))
+        .collect();
+    unknown.sort();
+    unknown.dedup();
+    unknown
+}
+
+// === Strings ===
+
+/// Where variable values come from.
+pub trait Strings {
+    /// The value of `name`, or `None` when unset. Values are never trimmed here.
+    fn get(&self, name: &str) -> Option<String>;
+    /// Every variable name present, in no particular order.
+    fn names(&self) -> Vec<String>;
+}
+
+/// The process environment.
+///
+/// A value that is not valid UTF-8 is returned with replacement characters, so it fails
+/// validation instead of silently counting as unset. Names that are not UTF-8 are skipped.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct ProcessEnv;
+
+impl Strings for ProcessEnv {
+    fn get(&self, name: &str) -> Option<String> {
+        std::env::var_os(name).map(|v| v.to_string_lossy().into_owned())
+    }
+
+    fn names(&self) -> Vec<String> {
+        std::env::vars_os()
+            .filter_map(|(name, _)| name.into_string().ok())
+            .collect()
+    }
+}
+
+impl Strings for HashMap<String, String> {
+    fn get(&self, name: &str) -> Option<String> {
+        HashMap::get(self, name).cloned()
+    }
+
+    fn names(&self) -> Vec<String> {
+        self.keys().cloned().collect()
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used)]
+mod tests {
+    use super::*;
+
+    /// The `ENV_` constants, read from this file's source so a constant added without a table
+    /// entry is caught.
+    fn declared_names() -> Vec<String> {
+        let source = include_str!("env.rs");
+        let mut names = Vec::new();
+        for line in source.lines() {
+            let Some(rest) = line.strip_prefix("pub const ENV_") else {
+                continue;
+            };
+            let Some(start) = rest.find('"') else {
+                continue;
+            };
+            let value = &rest[start + 1..];
+            let Some(end) = value.find('"') else { continue };
+            names.push(value[..end].to_owned());
+        }
+        names
+    }
+
+    /// Every `PLIMSOLL_*` / `SANDBOX_*` word in `text`.
+    fn mentioned_names(text: &str) -> Vec<String> {
+        text.split(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+            .filter(|w| w.starts_with("PLIMSOLL_") || w.starts_with("SANDBOX_"))
+            .map(str::to_owned)
+            .collect()
+    }
+
+    #[test]
+    fn every_env_constant_is_in_the_table_and_the_help_text() {
+        let declared = declared_names();
+        assert_eq!(declared.len(), VARIABLES.len());
+        let mentioned = mentioned_names(&help_text());
+        for name in &declared {
+            assert!(
+                VARIABLES.iter().any(|v| v.name == name),
+                "{name} missing from VARIABLES"
+            );
+            assert!(
+                mentioned.contains(name),
+                "{name} missing from the help text"
+            );
+        }
+    }
+
+    #[test]
+    fn every_name_in_the_help_text_is_an_env_constant() {
+        let declared = declared_names();
+        for name in mentioned_names(&help_text()) {
+            assert!(declared.contains(&name), "help mentions undeclared {name}");
+        }
+        for v in VARIABLES {
+            assert!(
+                declared.iter().any(|d| d == v.name),
+                "{} undeclared",
+                v.name
+            );
+        }
+    }
+
+    #[test]
+    fn table_has_no_duplicates() {
+        for (i, v) in VARIABLES.iter().enumerate() {
+            assert!(
+                VARIABLES[i + 1..].iter().all(|w| w.name != v.name),
+                "{} listed twice",
+                v.name
+            );
+        }
+    }
+
+    #[test]
+    fn help_lists_this_builds_providers_on_the_provider_line() {
+        let help = help_text();
+        let line = help
+            .lines()
+            .find(|l| l.trim_start().starts_with(ENV_PROVIDER))
+            .unwrap_or_default();
+        for p in KNOWN_PROVIDERS {
+            assert!(
+                line.contains(p.name()),
+                "{} missing from {line:?}",
+                p.name()
+            );
+        }
+    }
+
+    #[test]
+    fn help_is_grouped_head_provider_listeners_limits_endpoints() {
+        let help = help_text();
+        let at = |needle: &str| help.find(needle).unwrap_or(usize::MAX);
+        let order = [
+            at("plimsolld takes no arguments"),
+            at("Provider:"),
+            at("Listeners, authentication and transport:"),
+            at("Limits:"),
+            at("Endpoints:"),
+        ];
+        assert!(order.windows(2).all(|w| w[0] < w[1]), "{order:?}");
+        for endpoint in ["/healthz", "/readyz", "/metrics"] {
+            assert!(at(endpoint) > at("Endpoints:"), "{endpoint}");
+        }
+    }
+
+    #[test]
+    fn unknown_detection_uses_the_same_table_as_the_help() {
+        let mut env: HashMap<String, String> = VARIABLES
+            .iter()
+            .map(|v| (v.name.to_owned(), String::new()))
+            .collect();
+        assert!(unknown_variables(&env).is_empty());
+        for name in [
+            "PLIMSOLL_ADRR",
+            "SANDBOX_NOPE",
+            "E2B_WHATEVER",
+            "DOCKER_HOST",
+            "HOME",
+        ] {
+            env.insert(name.to_owned(), "x".to_owned());
+        }
+        assert_eq!(unknown_variables(&env), ["PLIMSOLL_ADRR", "SANDBOX_NOPE"]);
+        for name in mentioned_names(&help_text()) {
+            assert!(!unknown_variables(&env).contains(&name));
+        }
+    }
+
+    #[test]
+    fn process_env_reads_the_real_environment() {
+        // PATH is set in every test environment we run in; the point is only that the impl
+        // reaches std::env, not what PATH holds.
+        let env = ProcessEnv;
+        assert!(env.names().iter().any(|n| n == "PATH"));
+        assert!(env.get("PATH").is_some());
+    }
+}

@@ -1,0 +1,281 @@
+//! Hardened mode's production policy (`PLIMSOLL_HARDENED=1`, config.md section 10).
+//!
+//! The daemon checks the policy twice (config.md section 9): before the smoke test, so a
+//! misconfiguration never pays for a VM, and after it, with the tier the provider proved. Both
+//! passes call the same function; only `proven_tier` differs. Every violation is collected and
+//! reported together.
+//!
+//! Rules this build can judge: isolation (1), identity (2), transport (3) and the explicit
+//! envelope (5). Immutable surface (4) has no rule for `disabled` or `wasm`; rate (6),
+//! per-caller concurrency (7), sessions (8) and metered allowances (9) arrive with the
+//! settings they judge.
+
+use super::env::{
+    ENV_ADDR, ENV_CLIENTS_FILE, ENV_CPUS, ENV_DISK_MB, ENV_INSECURE, ENV_MEMORY_MB,
+    ENV_METRICS_ADDR,
+};
+use super::listen_addr::is_loopback_addr;
+use super::{AuthConfig, Config};
+
+/// Tiers hardened mode accepts.
+const HARDENED_TIERS: &[&str] = &["kernel", "vm"];
+
+/// The policy was violated; lists every violation. Displays as one line.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("hardened-mode policy violation; refusing to serve: {}", .violations.join("; "))]
+pub struct HardenedError {
+    /// One sentence per violated rule, in rule order. Never empty.
+    pub violations: Vec<String>,
+}
+
+/// Every violation of the hardened policy that `config` (and the tier, once proven) shows.
+///
+/// `proven_tier` is `None` on the first pass: the isolation rule then judges the best tier
+/// the provider could ever prove ([`super::ProviderKind::highest_tier`]), so `disabled` and
+/// `wasm` fail at once while a provider that might reach `kernel` waits for its proof. On the
+/// second pass it is the tier the smoke test proved (`none`, `process`, `container`, `kernel`,
+/// `vm` or `unknown`). Computes the violations whether or not `config.hardened` is set; see
+/// [`enforce_hardened`] for the gate.
+pub fn hardened_violations(config: &Config, proven_tier: Option<&str>) -> Vec<String> {
+    let mut violations = Vec::new();
+
+    // 1. Isolation.
+    let tier = proven_tier.unwrap_or(config.provider.highest_tier());
+    if !HARDENED_TIERS.contains(&tier) {
+        let how = if proven_tier.is_some() {
+            "proved"
+        } else {
+            "can reach at most"
+        };
+        violations.push(format!(
+            "isolation: the {} provider {how} tier {tier}; hardened mode requires kernel or vm",
+            config.provider
+        ));
+    }
+
+    // 2. Identity.
+    match config.auth {
+        AuthConfig::Clients(_) => {}
+        AuthConfig::Token(_) => violations.push(format!(
+            "identity: {ENV_CLIENTS_FILE} is required; a shared PLIMSOLL_TOKEN is not accepted"
+        )),
+        AuthConfig::Open => violations.push(format!(
+            "identity: {ENV_CLIENTS_FILE} is required; serving without authentication is not accepted"
+        )),
+    }
+    if config.insecure_set {
+        violations.push(format!("identity: {ENV_INSECURE} must be unset"));
+    }
+
+    // 3. Transport: TLS on every listener that is not loopback.
+    if config.tls.is_none() {
+        let listeners = std::iter::once((ENV_ADDR, config.addr.as_str())).chain(
+            config
+                .metrics_addr
+                .as_deref()
+                .map(|addr| (ENV_METRICS_ADDR, addr)),
+        );
+        for (var, addr) in listeners {
+            if !is_loopback_addr(addr) {
+                violations.push(format!(
+                    "transport: {var}={addr} is not a loopback address and TLS is off; \
+                     set PLIMSOLL_TLS_CERT and PLIMSOLL_TLS_KEY"
+                ));
+            }
+        }
+    }
+
+    // 5. Explicit envelope. Disk only where the provider can enforce it: wasm refuses
+    // SANDBOX_DISK_MB outright, so demanding it would be a rule no configuration can meet.
+    let resources = &config.resources;
+    let mut required = vec![
+        (ENV_MEMORY_MB, f64::from(resources.memory_mb)),
+        (ENV_CPUS, resources.cpus),
+    ];
+    if config.provider.supports_disk() {
+        required.push((ENV_DISK_MB, f64::from(resources.disk_mb)));
+    }
+    for (var, value) in required {
+        if value <= 0.0 {
+            violations.push(format!("envelope: {var} must be set explicitly, above 0"));
+        }
+    }
+
+    violations
+}
+
+/// `Ok` when hardened mode is off or the policy holds; otherwise every violation.
+///
+/// Call it with `None` before binding listeners and with `Some(tier)` after the smoke test.
+pub fn enforce_hardened(config: &Config, proven_tier: Option<&str>) -> Result<(), HardenedError> {
+    if !config.hardened {
+        return Ok(());
+    }
+    let violations = hardened_violations(config, proven_tier);
+    if violations.is_empty() {
+        Ok(())
+    } else {
+        Err(HardenedError { violations })
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used)]
+mod tests {
+    use std::collections::HashMap;
+
+    use super::*;
+    use crate::auth::clients_file::{ClientEntry, ClientsFile};
+    use crate::config::{ProviderKind, Resources, TlsFiles};
+
+    /// A configuration that passes every rule this build can judge, once a `kernel` tier is
+    /// proven.
+    fn passing() -> Config {
+        let mut config = Config::from_env(&HashMap::new()).unwrap();
+        config.hardened = true;
+        config.auth = AuthConfig::Clients(
+            ClientsFile::new(vec![ClientEntry {
+                id: "ci".into(),
+                token_sha256: "a".repeat(64),
+                scopes: vec!["code:run".into()],
+                paid_seconds_per_day: None,
+            }])
+            .unwrap(),
+        );
+        config.resources = Resources {
+            memory_mb: 256,
+            cpus: 1.0,
+            pids: 0,
+            disk_mb: 64,
+        };
+        config
+    }
+
+    fn violations(config: &Config) -> Vec<String> {
+        hardened_violations(config, Some("kernel"))
+    }
+
+    #[test]
+    fn a_complete_configuration_with_a_kernel_tier_passes() {
+        assert_eq!(violations(&passing()), Vec::<String>::new());
+        assert!(hardened_violations(&passing(), Some("vm")).is_empty());
+        assert!(enforce_hardened(&passing(), Some("kernel")).is_ok());
+    }
+
+    #[test]
+    fn tiers_below_kernel_fail_after_proof() {
+        for tier in ["none", "process", "container", "unknown"] {
+            let found = hardened_violations(&passing(), Some(tier));
+            assert_eq!(found.len(), 1, "{tier}");
+            assert!(found[0].starts_with("isolation:"), "{found:?}");
+        }
+    }
+
+    #[test]
+    fn disabled_and_wasm_fail_isolation_before_any_proof() {
+        let mut config = passing();
+        let found = hardened_violations(&config, None);
+        assert!(found[0].contains("disabled provider can reach at most tier none"));
+        config.provider = ProviderKind::Wasm;
+        config.resources.disk_mb = 0;
+        let found = hardened_violations(&config, None);
+        assert_eq!(found.len(), 1, "{found:?}");
+        assert!(found[0].contains("wasm provider can reach at most tier process"));
+    }
+
+    #[test]
+    fn shared_token_and_open_mode_fail_identity() {
+        let mut config = passing();
+        config.auth = AuthConfig::Token("t".repeat(40));
+        assert!(violations(&config)[0].contains("shared PLIMSOLL_TOKEN"));
+        config.auth = AuthConfig::Open;
+        assert!(violations(&config)[0].contains("without authentication"));
+    }
+
+    #[test]
+    fn any_non_empty_insecure_value_fails_identity() {
+        let mut config = passing();
+        config.insecure_set = true;
+        assert_eq!(
+            violations(&config),
+            ["identity: PLIMSOLL_INSECURE must be unset"]
+        );
+    }
+
+    #[test]
+    fn non_loopback_listeners_without_tls_fail_transport() {
+        for addr in [
+            ":8746",
+            "0.0.0.0:8746",
+            "10.0.0.1:8746",
+            "127.0.0.1",
+            "[::]:1",
+        ] {
+            let mut config = passing();
+            config.addr = addr.into();
+            let found = violations(&config);
+            assert_eq!(found.len(), 1, "{addr}: {found:?}");
+            assert!(found[0].contains("PLIMSOLL_ADDR"), "{found:?}");
+        }
+        let mut config = passing();
+        config.metrics_addr = Some("0.0.0.0:9464".into());
+        assert!(violations(&config)[0].contains("PLIMSOLL_METRICS_ADDR"));
+    }
+
+    #[test]
+    fn loopback_listeners_or_tls_pass_transport() {
+        let mut config = passing();
+        config.addr = "localhost:8746".into();
+        config.metrics_addr = Some("[::1]:9464".into());
+        assert!(violations(&config).is_empty());
+        config.addr = ":8746".into();
+        config.metrics_addr = Some(":9464".into());
+        config.tls = Some(TlsFiles {
+            cert: "c.pem".into(),
+            key: "k.pem".into(),
+        });
+        assert!(violations(&config).is_empty());
+        config.tls = None;
+        config.metrics_addr = None;
+        assert_eq!(violations(&config).len(), 1, "metrics off is not judged");
+    }
+
+    #[test]
+    fn missing_envelope_values_fail_one_by_one() {
+        let mut config = passing();
+        config.resources = Resources::default();
+        let found = violations(&config);
+        assert_eq!(found.len(), 3, "{found:?}");
+        for var in ["SANDBOX_MEMORY_MB", "SANDBOX_CPUS", "SANDBOX_DISK_MB"] {
+            assert!(found.iter().any(|v| v.contains(var)), "{var}");
+        }
+    }
+
+    #[test]
+    fn every_violation_is_reported_together() {
+        let env: HashMap<String, String> = [
+            ("PLIMSOLL_HARDENED", "1"),
+            ("PLIMSOLL_ADDR", ":8746"),
+            ("PLIMSOLL_INSECURE", "yes"),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_owned(), v.to_owned()))
+        .collect();
+        let config = Config::from_env(&env).unwrap();
+        let err = enforce_hardened(&config, None).unwrap_err();
+        // isolation, identity x2, transport, envelope x3.
+        assert_eq!(err.violations.len(), 7, "{:?}", err.violations);
+        assert!(
+            err.to_string()
+                .starts_with("hardened-mode policy violation")
+        );
+    }
+
+    #[test]
+    fn hardened_off_enforces_nothing() {
+        let mut config = passing();
+        config.hardened = false;
+        config.auth = AuthConfig::Open;
+        assert!(enforce_hardened(&config, Some("none")).is_ok());
+    }
+}

@@ -1,0 +1,649 @@
+//! The daemon's configuration: every environment variable, parsed once into [`Config`].
+//!
+//! [`Config::from_env`] reads every variable named in [`env`], checks each one, and reports
+//! every bad variable together in one [`ConfigError`] (config.md section 1: "every startup
+//! failure is one error log line, then exit 1"). Nothing here binds a port, loads TLS material
+//! or talks to a provider; those steps come later in the startup order (config.md section 9)
+//! and use the values checked here. The clients file is the exception: it is read here,
+//! because a bad registry must fail before anything else starts.
+//!
+//! Hardened mode's policy lives in [`hardened`]; Go-style durations in [`duration`].
+
+pub mod duration;
+pub mod env;
+pub mod hardened;
+pub mod listen_addr;
+mod value;
+
+use std::fmt;
+use std::path::PathBuf;
+
+use crate::auth::clients_file::{self, ClientsFile, ClientsFileError, TokenShapeError};
+use env::*;
+use listen_addr::{HostPort, HostPortError};
+use value::ScalarError;
+
+pub use env::{ProcessEnv, Strings, help_text, unknown_variables};
+pub use hardened::{HardenedError, enforce_hardened, hardened_violations};
+
+/// Isolation floors `SANDBOX_MIN_ISOLATION` accepts, weakest first. `none` and `unknown` are
+/// tiers a provider can report, never a floor.
+pub const FLOOR_TIERS: &[&str] = &["process", "container", "kernel", "vm"];
+
+/// Every provider this build knows, in help-text order. Adding a provider means adding a
+/// [`ProviderKind`] variant here; the compiler then points at every rule that must decide
+/// about it.
+pub const KNOWN_PROVIDERS: &[ProviderKind] = &[ProviderKind::Disabled, ProviderKind::Wasm];
+
+// === impl ProviderKind ===
+
+/// The sandbox provider the operator chose with `SANDBOX_PROVIDER`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ProviderKind {
+    /// Runs nothing; every run is refused as unsupported. The default.
+    Disabled,
+    /// In-process WebAssembly (QuickJS); process tier.
+    Wasm,
+}
+
+impl ProviderKind {
+    /// The name operators write in `SANDBOX_PROVIDER`.
+    pub const fn name(self) -> &'static str {
+        match self {
+            Self::Disabled => "disabled",
+            Self::Wasm => "wasm",
+        }
+    }
+
+    /// Looks up a trimmed, lower-cased name among [`KNOWN_PROVIDERS`].
+    pub fn from_name(name: &str) -> Option<Self> {
+        KNOWN_PROVIDERS.iter().copied().find(|p| p.name() == name)
+    }
+
+    /// True for every provider that can run code (all but `disabled`): these need
+    /// authentication unless `PLIMSOLL_INSECURE=1`.
+    pub const fn is_real(self) -> bool {
+        !matches!(self, Self::Disabled)
+    }
+
+    /// The strongest tier this provider could ever prove. Hardened mode uses it before the
+    /// smoke test, so a provider that cannot reach `kernel` fails without running anything.
+    pub const fn highest_tier(self) -> &'static str {
+        match self {
+            Self::Disabled => "none",
+            Self::Wasm => "process",
+        }
+    }
+
+    /// Whether the provider can enforce `SANDBOX_PIDS` (config.md section 2.3).
+    pub const fn supports_pids(self) -> bool {
+        match self {
+            Self::Disabled => true,
+            Self::Wasm => false,
+        }
+    }
+
+    /// Whether the provider can enforce `SANDBOX_DISK_MB` (config.md section 2.3).
+    pub const fn supports_disk(self) -> bool {
+        match self {
+            Self::Disabled => true,
+            Self::Wasm => false,
+        }
+    }
+}
+
+impl fmt::Display for ProviderKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+// === Config types ===
+
+/// Log line format. JSON is the contract tools parse; text is for people.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum LogFormat {
+    /// `{"time", "level", "msg", …}` per line. The default, and the fallback for any value
+    /// other than `text`.
+    #[default]
+    Json,
+    /// `key=value` per line.
+    Text,
+}
+
+/// How callers authenticate, in precedence order: clients file, then token, then none.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum AuthConfig {
+    /// `PLIMSOLL_CLIENTS_FILE`: a validated, non-empty registry, read once at startup.
+    Clients(ClientsFile),
+    /// `PLIMSOLL_TOKEN`: one shared token (principal `static`, scope `code:run`). The text is
+    /// exactly as set, never trimmed. Never log it.
+    Token(String),
+    /// No authentication: allowed with the `disabled` provider, or with `PLIMSOLL_INSECURE=1`.
+    Open,
+}
+
+/// The `PLIMSOLL_TLS_CERT` / `PLIMSOLL_TLS_KEY` pair. Only paths: the server loads and checks
+/// the PEM files.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TlsFiles {
+    /// PEM certificate chain.
+    pub cert: PathBuf,
+    /// PEM private key.
+    pub key: PathBuf,
+}
+
+/// The per-run resource envelope (config.md section 2.3). Zero always means "not set": the
+/// provider's default for memory and CPUs, no limit for processes and disk.
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub struct Resources {
+    /// `SANDBOX_MEMORY_MB`, MiB.
+    pub memory_mb: u32,
+    /// `SANDBOX_CPUS`, finite and non-negative.
+    pub cpus: f64,
+    /// `SANDBOX_PIDS`; refused (when > 0) by providers that cannot enforce it.
+    pub pids: u32,
+    /// `SANDBOX_DISK_MB`, MiB; refused (when > 0) by providers that cannot enforce it.
+    pub disk_mb: u32,
+}
+
+/// Everything the daemon reads from its environment, checked.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Config {
+    /// `PLIMSOLL_ADDR`: RPC listener as written (`host:port`; empty host = every interface).
+    pub addr: String,
+    /// `PLIMSOLL_METRICS_ADDR`, trimmed; `None` when `off`.
+    pub metrics_addr: Option<String>,
+    /// `PLIMSOLL_LOG_FORMAT`.
+    pub log_format: LogFormat,
+    /// Clients file, token, or open.
+    pub auth: AuthConfig,
+    /// `PLIMSOLL_INSECURE` is exactly `1`.
+    pub insecure: bool,
+    /// `PLIMSOLL_INSECURE` holds any non-empty value (a hardened-mode violation even when it is
+    /// not `1`).
+    pub insecure_set: bool,
+    /// Both TLS paths, or `None` for cleartext.
+    pub tls: Option<TlsFiles>,
+    /// `PLIMSOLL_HARDENED` is `1` or `true`.
+    pub hardened: bool,
+    /// `SANDBOX_PROVIDER`.
+    pub provider: ProviderKind,
+    /// `SANDBOX_MIN_ISOLATION`: one of [`FLOOR_TIERS`], or `None` for no floor. Compared with
+    /// the proven tier only after the smoke test.
+    pub min_isolation: Option<String>,
+    /// The per-run envelope.
+    pub resources: Resources,
+    /// `SANDBOX_MAX_CONCURRENT`, in `[1, 1024]`, before any memory clamp.
+    pub max_concurrent: u32,
+    /// `PLIMSOLL_*` / `SANDBOX_*` names set but unknown to this build; the daemon warns.
+    pub unknown_vars: Vec<String>,
+}
+
+// === Errors ===
+
+/// One bad variable, or one bad combination. Each message names the variable and what it
+/// accepts; none repeats a secret.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigProblem {
+    /// Not a plain decimal integer.
+    #[error("{var}={value:?} is not an integer (plain decimal digits, e.g. {example})")]
+    NotInteger {
+        var: &'static str,
+        value: String,
+        example: &'static str,
+    },
+    /// An integer outside its range.
+    #[error("{var}={value:?} must be between {min} and {max}")]
+    IntegerOutOfRange {
+        var: &'static str,
+        value: String,
+        min: i64,
+        max: i64,
+    },
+    /// Not a finite non-negative number.
+    #[error("{var}={value:?} must be a finite non-negative number (e.g. 0.5 or 2)")]
+    NotNonNegativeNumber { var: &'static str, value: String },
+    /// Not a strict boolean.
+    #[error("{var}={value:?} must be one of 0, 1, false, or true")]
+    NotBoolean { var: &'static str, value: String },
+    /// Not `host:port`.
+    #[error("{var}={value:?} must be host:port, e.g. {example} ({reason})")]
+    NotHostPort {
+        var: &'static str,
+        value: String,
+        example: &'static str,
+        reason: HostPortError,
+    },
+    /// `PLIMSOLL_TOKEN` is shorter than 32 bytes.
+    #[error("PLIMSOLL_TOKEN is too short: {bytes} bytes, at least 32 required")]
+    TokenTooShort { bytes: usize },
+    /// `PLIMSOLL_TOKEN` is longer than 4096 bytes, or not visible ASCII.
+    #[error("PLIMSOLL_TOKEN {0} (32 to 4096 visible ASCII bytes)")]
+    TokenShape(TokenShapeError),
+    /// The clients file could not be read or is invalid.
+    #[error("failed to load PLIMSOLL_CLIENTS_FILE {path}: {source}")]
+    ClientsFileLoad {
+        path: PathBuf,
+        source: ClientsFileError,
+    },
+    /// The clients file has no entries.
+    #[error(
+        "PLIMSOLL_CLIENTS_FILE {path} defines no clients (add one with plimsoll-clients create)"
+    )]
+    ClientsFileEmpty { path: PathBuf },
+    /// Only one of the TLS pair is set.
+    #[error("PLIMSOLL_TLS_CERT and PLIMSOLL_TLS_KEY must be set together: {missing} is unset")]
+    TlsIncomplete { missing: &'static str },
+    /// `SANDBOX_PROVIDER` names no provider of this build.
+    #[error("SANDBOX_PROVIDER={value:?} is not a provider this build has; known: {known}")]
+    UnknownProvider { value: String, known: String },
+    /// `SANDBOX_MIN_ISOLATION` is not a floor tier.
+    #[error("SANDBOX_MIN_ISOLATION={value:?} must be one of process, container, kernel, vm")]
+    BadFloor { value: String },
+    /// A limit the chosen provider cannot enforce was set.
+    #[error("{var}={value} is not supported by the {provider} provider; unset it or set 0")]
+    UnsupportedByProvider {
+        var: &'static str,
+        value: u32,
+        provider: ProviderKind,
+    },
+    /// `SANDBOX_MAX_CONCURRENT` outside `[1, 1024]`.
+    #[error("SANDBOX_MAX_CONCURRENT: max_concurrent={value} is outside [1,1024]")]
+    MaxConcurrentOutOfRange { value: i64 },
+    /// A real provider with no authentication and no `PLIMSOLL_INSECURE=1`.
+    #[error(
+        "refusing to start: a real sandbox provider is enabled but PLIMSOLL_TOKEN is unset \
+         (set PLIMSOLL_CLIENTS_FILE or PLIMSOLL_TOKEN, or PLIMSOLL_INSECURE=1 for open development mode)"
+    )]
+    OpenModeRefused,
+}
+
+impl ConfigProblem {
+    /// The variable this problem is about.
+    pub fn variable(&self) -> &'static str {
+        match self {
+            Self::NotInteger { var, .. }
+            | Self::IntegerOutOfRange { var, .. }
+            | Self::NotNonNegativeNumber { var, .. }
+            | Self::NotBoolean { var, .. }
+            | Self::NotHostPort { var, .. }
+            | Self::UnsupportedByProvider { var, .. } => var,
+            Self::TokenTooShort { .. } | Self::TokenShape(_) | Self::OpenModeRefused => ENV_TOKEN,
+            Self::ClientsFileLoad { .. } | Self::ClientsFileEmpty { .. } => ENV_CLIENTS_FILE,
+            Self::TlsIncomplete { missing } => missing,
+            Self::UnknownProvider { .. } => ENV_PROVIDER,
+            Self::BadFloor { .. } => ENV_MIN_ISOLATION,
+            Self::MaxConcurrentOutOfRange { .. } => ENV_MAX_CONCURRENT,
+        }
+    }
+}
+
+/// Every problem found in the environment; never empty. Displays as one line.
+#[derive(Debug, thiserror::Error)]
+#[error("invalid configuration: {}", join_problems(.problems))]
+pub struct ConfigError {
+    /// In the order the variables were checked.
+    pub problems: Vec<ConfigProblem>,
+}
+
+fn join_problems(problems: &[ConfigProblem]) -> String {
+    problems
+        .iter()
+        .map(ToString::to_string)
+        .collect::<Vec<_>>()
+        .join("; ")
+}
+
+// === impl Config ===
+
+impl Config {
+    /// Reads and checks every variable, reporting all problems together.
+    ///
+    /// Reads the clients file when `PLIMSOLL_CLIENTS_FILE` is set; does nothing else with the
+    /// outside world. Unknown `PLIMSOLL_*`/`SANDBOX_*` names are collected in
+    /// [`Config::unknown_vars`], never refused. Hardened mode is *not* enforced here: call
+    /// [`enforce_hardened`] at the two points config.md section 9 names.
+    pub fn from_env(env: &dyn Strings) -> Result<Config, ConfigError> {
+        let mut r = Reader {
+            env,
+            problems: Vec::new(),
+        };
+
+        let addr = r.addr();
+        let metrics_addr = r.metrics_addr();
+        let log_format = if r.trimmed(ENV_LOG_FORMAT).eq_ignore_ascii_case("text") {
+            LogFormat::Text
+        } else {
+            LogFormat::Json
+        };
+        let insecure_raw = r.raw(ENV_INSECURE);
+        let insecure = insecure_raw == "1";
+        let tls = r.tls();
+        let hardened = r.boolean(ENV_HARDENED);
+        let provider = r.provider();
+        let min_isolation = r.floor();
+        let resources = r.resources(provider);
+        let max_concurrent = r.max_concurrent();
+        let auth = r.auth(provider, insecure);
+
+        if !r.problems.is_empty() {
+            return Err(ConfigError {
+                problems: r.problems,
+            });
+        }
+        Ok(Config {
+            addr,
+            metrics_addr,
+            log_format,
+            auth: auth.unwrap_or(AuthConfig::Open),
+            insecure,
+            insecure_set: !insecure_raw.is_empty(),
+            tls,
+            hardened,
+            provider: provider.unwrap_or(ProviderKind::Disabled),
+            min_isolation,
+            resources,
+            max_concurrent,
+            unknown_vars: unknown_variables(env),
+        })
+    }
+
+    /// Non-fatal findings the daemon should log as WARN lines, one per entry: open mode, a
+    /// token shadowed by a clients file, a metrics listener off loopback. Does not include
+    /// [`Config::unknown_vars`], which have their own fixed message.
+    pub fn warnings(&self, env: &dyn Strings) -> Vec<String> {
+        let mut warnings = Vec::new();
+        match &self.auth {
+            AuthConfig::Open if self.provider.is_real() => warnings.push(
+                "PLIMSOLL_INSECURE=1: a real sandbox provider is serving without authentication"
+                    .to_owned(),
+            ),
+            AuthConfig::Open => warnings.push(
+                "no authentication: PLIMSOLL_CLIENTS_FILE and PLIMSOLL_TOKEN are unset".to_owned(),
+            ),
+            AuthConfig::Clients(_) if env.get(ENV_TOKEN).is_some_and(|t| !t.is_empty()) => {
+                warnings.push(
+                    "PLIMSOLL_TOKEN is ignored because PLIMSOLL_CLIENTS_FILE is set".to_owned(),
+                );
+            }
+            _ => {}
+        }
+        if let Some(metrics) = &self.metrics_addr
+            && !listen_addr::is_loopback_addr(metrics)
+        {
+            warnings.push(format!(
+                "PLIMSOLL_METRICS_ADDR={metrics} is not loopback; /metrics has no authentication"
+            ));
+        }
+        warnings
+    }
+}
+
+/// Reads variables and collects problems; each method returns a usable placeholder on error
+/// so every other variable still gets checked.
+struct Reader<'a> {
+    env: &'a dyn Strings,
+    problems: Vec<ConfigProblem>,
+}
+
+impl Reader<'_> {
+    fn raw(&self, name: &str) -> String {
+        self.env.get(name).unwrap_or_default()
+    }
+
+    fn trimmed(&self, name: &str) -> String {
+        self.raw(name).trim().to_owned()
+    }
+
+    fn host_port(&mut self, var: &'static str, value: String, example: &'static str) -> String {
+        if let Err(reason) = HostPort::parse(&value) {
+            self.problems.push(ConfigProblem::NotHostPort {
+                var,
+                value: shown(&value),
+                example,
+                reason,
+            });
+        }
+        value
+    }
+
+    fn addr(&mut self) -> String {
+        // Not trimmed (config.md section 2.1): a stray space is an error, not a silent fix.
+        let value = self.raw(ENV_ADDR);
+        if value.is_empty() {
+            return DEFAULT_ADDR.to_owned();
+        }
+        self.host_port(ENV_ADDR, value, DEFAULT_ADDR)
+    }
+
+    fn metrics_addr(&mut self) -> Option<String> {
+        let value = self.trimmed(ENV_METRICS_ADDR);
+        if value.eq_ignore_ascii_case("off") {
+            return None;
+        }
+        if value.is_empty() {
+            return Some(DEFAULT_METRICS_ADDR.to_owned());
+        }
+        Some(self.host_port(ENV_METRICS_ADDR, value, DEFAULT_METRICS_ADDR))
+    }
+
+    fn boolean(&mut self, var: &'static str) -> bool {
+        let value = self.trimmed(var);
+        value::parse_bool(&value).unwrap_or_else(|_| {
+            self.problems.push(ConfigProblem::NotBoolean {
+                var,
+                value: shown(&value),
+            });
+            false
+        })
+    }
+
+    /// A non-negative integer that fits `u32`; empty means `default`.
+    fn integer(&mut self, var: &'static str, default: u32) -> u32 {
+        let value = self.trimmed(var);
+        if value.is_empty() {
+            return default;
+        }
+        let max = i64::from(u32::MAX);
+        match value::parse_integer(&value, 0, max) {
+            // In range by construction.
+            Ok(n) => u32::try_from(n).unwrap_or(default),
+            Err(ScalarError::BelowMinimum | ScalarError::AboveMaximum) => {
+                self.problems.push(ConfigProblem::IntegerOutOfRange {
+                    var,
+                    value: shown(&value),
+                    min: 0,
+                    max,
+                });
+                default
+            }
+            Err(_) => {
+                self.problems.push(ConfigProblem::NotInteger {
+                    var,
+                    value: shown(&value),
+                    example: "256",
+                });
+                default
+            }
+        }
+    }
+
+    fn tls(&mut self) -> Option<TlsFiles> {
+        let cert = self.trimmed(ENV_TLS_CERT);
+        let key = self.trimmed(ENV_TLS_KEY);
+        match (cert.is_empty(), key.is_empty()) {
+            (true, true) => None,
+            (false, false) => Some(TlsFiles {
+                cert: cert.into(),
+                key: key.into(),
+            }),
+            (false, true) => {
+                self.problems.push(ConfigProblem::TlsIncomplete {
+                    missing: ENV_TLS_KEY,
+                });
+                None
+            }
+            (true, false) => {
+                self.problems.push(ConfigProblem::TlsIncomplete {
+                    missing: ENV_TLS_CERT,
+                });
+                None
+            }
+        }
+    }
+
+    /// `None` when the name is unknown (already reported).
+    fn provider(&mut self) -> Option<ProviderKind> {
+        let value = self.trimmed(ENV_PROVIDER).to_lowercase();
+        if value.is_empty() {
+            return Some(ProviderKind::Disabled);
+        }
+        let found = ProviderKind::from_name(&value);
+        if found.is_none() {
+            let known: Vec<&str> = KNOWN_PROVIDERS.iter().map(|p| p.name()).collect();
+            self.problems.push(ConfigProblem::UnknownProvider {
+                value: shown(&value),
+                known: known.join(", "),
+            });
+        }
+        found
+    }
+
+    fn floor(&mut self) -> Option<String> {
+        let value = self.trimmed(ENV_MIN_ISOLATION).to_lowercase();
+        if value.is_empty() {
+            return None;
+        }
+        if FLOOR_TIERS.contains(&value.as_str()) {
+            Some(value)
+        } else {
+            self.problems.push(ConfigProblem::BadFloor {
+                value: shown(&value),
+            });
+            None
+        }
+    }
+
+    fn resources(&mut self, provider: Option<ProviderKind>) -> Resources {
+        let memory_mb = self.integer(ENV_MEMORY_MB, 0);
+        let cpus_text = self.trimmed(ENV_CPUS);
+        let cpus = if cpus_text.is_empty() {
+            0.0
+        } else {
+            value::parse_non_negative_float(&cpus_text).unwrap_or_else(|_| {
+                self.problems.push(ConfigProblem::NotNonNegativeNumber {
+                    var: ENV_CPUS,
+                    value: shown(&cpus_text),
+                });
+                0.0
+            })
+        };
+        let pids = self.integer(ENV_PIDS, 0);
+        let disk_mb = self.integer(ENV_DISK_MB, 0);
+        if let Some(provider) = provider {
+            if pids > 0 && !provider.supports_pids() {
+                self.problems.push(ConfigProblem::UnsupportedByProvider {
+                    var: ENV_PIDS,
+                    value: pids,
+                    provider,
+                });
+            }
+            if disk_mb > 0 && !provider.supports_disk() {
+                self.problems.push(ConfigProblem::UnsupportedByProvider {
+                    var: ENV_DISK_MB,
+                    value: disk_mb,
+                    provider,
+                });
+            }
+        }
+        Resources {
+            memory_mb,
+            cpus,
+            pids,
+            disk_mb,
+        }
+    }
+
+    fn max_concurrent(&mut self) -> u32 {
+        let value = self.trimmed(ENV_MAX_CONCURRENT);
+        if value.is_empty() {
+            return DEFAULT_MAX_CONCURRENT;
+        }
+        let limit = i64::from(MAX_CONCURRENT_LIMIT);
+        match value::parse_integer(&value, 1, limit) {
+            Ok(n) => u32::try_from(n).unwrap_or(DEFAULT_MAX_CONCURRENT),
+            Err(ScalarError::BelowMinimum | ScalarError::AboveMaximum) => {
+                // Well-formed but out of range: report the number, saturated if it was huge.
+                let n = value.parse::<i64>().unwrap_or(i64::MAX);
+                self.problems
+                    .push(ConfigProblem::MaxConcurrentOutOfRange { value: n });
+                DEFAULT_MAX_CONCURRENT
+            }
+            Err(_) => {
+                self.problems.push(ConfigProblem::NotInteger {
+                    var: ENV_MAX_CONCURRENT,
+                    value: shown(&value),
+                    example: "8",
+                });
+                DEFAULT_MAX_CONCURRENT
+            }
+        }
+    }
+
+    /// `None` when authentication was configured but is broken (already reported), so the
+    /// open-mode rule does not pile a second, misleading problem on top.
+    fn auth(&mut self, provider: Option<ProviderKind>, insecure: bool) -> Option<AuthConfig> {
+        let path = self.trimmed(ENV_CLIENTS_FILE);
+        if !path.is_empty() {
+            let path = PathBuf::from(path);
+            return match ClientsFile::load(&path) {
+                Ok(file) if file.clients.is_empty() => {
+                    self.problems.push(ConfigProblem::ClientsFileEmpty { path });
+                    None
+                }
+                Ok(file) => Some(AuthConfig::Clients(file)),
+                Err(source) => {
+                    self.problems
+                        .push(ConfigProblem::ClientsFileLoad { path, source });
+                    None
+                }
+            };
+        }
+        // Not trimmed: the token is compared byte for byte with the bearer text.
+        let token = self.raw(ENV_TOKEN);
+        if !token.is_empty() {
+            return match clients_file::check_token_shape(&token) {
+                Ok(()) => Some(AuthConfig::Token(token)),
+                Err(TokenShapeError::TooShort(bytes)) => {
+                    self.problems.push(ConfigProblem::TokenTooShort { bytes });
+                    None
+                }
+                Err(shape) => {
+                    self.problems.push(ConfigProblem::TokenShape(shape));
+                    None
+                }
+            };
+        }
+        if provider.is_some_and(ProviderKind::is_real) && !insecure {
+            self.problems.push(ConfigProblem::OpenModeRefused);
+            return None;
+        }
+        Some(AuthConfig::Open)
+    }
+}
+
+/// A value as quoted in an error: at most 64 characters, so a pasted blob cannot flood the log.
+fn shown(value: &str) -> String {
+    const LIMIT: usize = 64;
+    if value.chars().count() <= LIMIT {
+        value.to_owned()
+    } else {
+        let mut cut: String = value.chars().take(LIMIT).collect();
+        cut.push('…');
+        cut
+    }
+}
+
+#[cfg(test)]
+mod tests;

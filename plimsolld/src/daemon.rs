@@ -1,0 +1,221 @@
+//! The daemon's life, top to bottom (config.md §9): free checks first, then
+//! bind every listener, then the (possibly billed) startup proof, then the
+//! floor, then serve until a signal, then drain.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use plimsoll::tier::{Floor, IsolationTier};
+use tokio::net::TcpListener;
+
+use crate::auth::Verifier;
+use crate::config::hardened::enforce_hardened;
+use crate::config::{AuthConfig, Config};
+use crate::metrics::Metrics;
+use crate::provider::{self, ProviderError};
+use crate::server::listener::{bound, serve};
+use crate::server::metrics_listener::MetricsService;
+use crate::server::{Pipeline, tls};
+use crate::service::State;
+
+/// How long the startup proof may take.
+const PROOF_BUDGET: Duration = Duration::from_secs(120);
+/// How long in-flight work may take to finish after a signal (above the
+/// 5-minute run ceiling, like the write timeout).
+const DRAIN_BUDGET: Duration = Duration::from_secs(360);
+
+/// Why the daemon did not start. Each is one log line, then exit 1.
+#[derive(Debug, thiserror::Error)]
+pub enum StartupError {
+    /// The provider could not be built from its configuration.
+    #[error("cannot build the sandbox provider: {0}")]
+    Provider(ProviderError),
+    /// TLS files could not be loaded.
+    #[error(transparent)]
+    Tls(#[from] tls::TlsError),
+    /// Hardened mode found violations.
+    #[error(transparent)]
+    Hardened(#[from] crate::config::hardened::HardenedError),
+    /// A listener could not bind.
+    #[error("{what} on {addr}: {source}")]
+    Listen {
+        /// `cannot listen` or `cannot listen for metrics`.
+        what: &'static str,
+        /// The address asked for.
+        addr: String,
+        /// The cause.
+        source: std::io::Error,
+    },
+    /// The startup proof failed or took too long.
+    #[error("the sandbox provider failed its startup proof: {0}")]
+    Proof(String),
+    /// The proven tier is below `SANDBOX_MIN_ISOLATION`.
+    #[error(
+        "provider does not meet the required isolation tier: SANDBOX_MIN_ISOLATION is {floor}, the provider proved {proven}"
+    )]
+    BelowFloor {
+        /// The configured floor.
+        floor: String,
+        /// The proven tier.
+        proven: IsolationTier,
+    },
+}
+
+/// Runs the daemon until a signal has been handled and everything drained.
+pub async fn run(config: Config) -> Result<(), StartupError> {
+    // 3: unknown variables only warn.
+    for name in &config.unknown_vars {
+        tracing::warn!(variable = %name, "unknown variable ignored: this plimsolld has no such setting");
+    }
+    for warning in config.warnings(&crate::config::env::ProcessEnv) {
+        tracing::warn!("{warning}");
+    }
+    // 4: the provider, from configuration only.
+    let provider = provider::build(&config).map_err(StartupError::Provider)?;
+    // 12: authentication.
+    let verifier = Arc::new(Verifier::from_config(&config.auth));
+    if let AuthConfig::Clients(file) = &config.auth {
+        tracing::info!(clients = file.clients.len(), "multi-client auth enabled");
+    }
+    // 13: TLS.
+    let tls = match &config.tls {
+        Some(files) => Some(tls::acceptor(&files.cert, &files.key)?),
+        None => None,
+    };
+    // 14: first hardened pass, before anything is paid for.
+    if config.hardened {
+        enforce_hardened(&config, None)?;
+    }
+    // 15: bind every listener.
+    let rpc = bind(&config.addr, "cannot listen").await?;
+    let metrics_listener = match &config.metrics_addr {
+        Some(addr) => Some(bind(addr, "cannot listen for metrics").await?),
+        None => None,
+    };
+    // 16: preflight and the startup proof.
+    let evidence = tokio::time::timeout(PROOF_BUDGET, async {
+        provider.preflight().await?;
+        provider.prove().await
+    })
+    .await
+    .map_err(|_| StartupError::Proof(format!("no answer within {PROOF_BUDGET:?}")))?
+    .map_err(|e| StartupError::Proof(e.to_string()))?;
+    tracing::info!(
+        provider = provider.describe().sandbox,
+        isolation = %evidence.tier,
+        evidence = %evidence.detail,
+        "sandbox provider ready"
+    );
+    // 17: the floor against the proven tier.
+    if let Some(floor) = &config.min_isolation {
+        let parsed = Floor::parse(floor).unwrap_or(Floor::NONE);
+        if parsed.tier().is_none() || !parsed.is_met_by(evidence.tier) {
+            return Err(StartupError::BelowFloor {
+                floor: floor.clone(),
+                proven: evidence.tier,
+            });
+        }
+    }
+    // 20: second hardened pass, with the proven tier.
+    if config.hardened {
+        enforce_hardened(&config, Some(evidence.tier.as_str()))?;
+        tracing::info!("hardened mode: production policy verified and enforced");
+    }
+    // 21: serve.
+    let metrics = Arc::new(Metrics::default());
+    let state = Arc::new(State {
+        provider: provider.clone(),
+        proven: evidence.tier,
+        resources: config.resources,
+        metrics: metrics.clone(),
+    });
+    let stack = Pipeline {
+        state: state.clone(),
+        verifier: verifier.clone(),
+        decode_slots: 2 * config.max_concurrent as usize,
+    }
+    .build();
+    tracing::info!(
+        addr = %bound(&rpc),
+        provider = provider.describe().sandbox,
+        isolation = %state.current_tier(),
+        auth = verifier.label(),
+        max_concurrent = config.max_concurrent,
+        tls = tls.is_some(),
+        metrics_addr = %metrics_listener.as_ref().map_or_else(|| "off".to_owned(), bound),
+        guard_addr = "none",
+        "plimsolld listening"
+    );
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    tokio::spawn(signals(stop_tx));
+    let metrics_task = metrics_listener.map(|l| {
+        let tls = tls.clone();
+        let mut stop = stop_rx.clone();
+        tokio::spawn(async move {
+            // The metrics listener stays up while the RPC listener drains.
+            let done = async move {
+                let _ = stop.wait_for(|s| *s).await;
+            };
+            serve(
+                l,
+                MetricsService::new(metrics),
+                tls,
+                done,
+                Duration::from_secs(10),
+            )
+            .await;
+        })
+    });
+    let mut stop = stop_rx.clone();
+    let rpc_stop = async move {
+        let _ = stop.wait_for(|s| *s).await;
+        tracing::info!("shutting down: draining in-flight requests");
+    };
+    serve(rpc, stack, tls, rpc_stop, DRAIN_BUDGET).await;
+    provider.drain(DRAIN_BUDGET).await;
+    if let Some(t) = metrics_task {
+        let _ = tokio::time::timeout(Duration::from_secs(10), t).await;
+    }
+    tracing::info!("plimsolld stopped");
+    Ok(())
+}
+
+async fn bind(addr: &str, what: &'static str) -> Result<TcpListener, StartupError> {
+    // Go-style ":port" means every interface.
+    let target = if addr.starts_with(':') {
+        format!("0.0.0.0{addr}")
+    } else {
+        addr.to_owned()
+    };
+    TcpListener::bind(&target)
+        .await
+        .map_err(|source| StartupError::Listen {
+            what,
+            addr: addr.to_owned(),
+            source,
+        })
+}
+
+/// Waits for SIGTERM or SIGINT and flips `stop`. A second signal ends the
+/// process at once, as restoring the default handler would.
+async fn signals(stop: tokio::sync::watch::Sender<bool>) {
+    use tokio::signal::unix::{SignalKind, signal};
+    let (Ok(mut term), Ok(mut int)) = (
+        signal(SignalKind::terminate()),
+        signal(SignalKind::interrupt()),
+    ) else {
+        tracing::error!("cannot install signal handlers; stop the daemon with SIGKILL");
+        return;
+    };
+    tokio::select! {
+        _ = term.recv() => {}
+        _ = int.recv() => {}
+    }
+    let _ = stop.send(true);
+    tokio::select! {
+        _ = term.recv() => {}
+        _ = int.recv() => {}
+    }
+    tracing::warn!("second signal: exiting now");
+    std::process::exit(1);
+}

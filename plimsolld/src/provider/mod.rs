@@ -1,0 +1,181 @@
+//! The `Provider` trait: the only way the daemon reaches a sandbox.
+//!
+//! One provider serves a daemon, chosen by the operator at startup
+//! (`SANDBOX_PROVIDER`). Nothing ever falls through to another provider: a
+//! provider that cannot run a payload refuses it.
+//!
+//! A provider's life, in the order the daemon calls it:
+//! 1. [`Provider::preflight`] — cheap checks of its configuration and the
+//!    evidence for its tier (no sandbox is started);
+//! 2. [`Provider::prove`] — the startup proof: a real run through exactly the
+//!    run path; the daemon refuses to start if it fails;
+//! 3. [`Provider::describe`], [`Provider::current_tier`], [`Provider::ready`]
+//!    and the `run_*` methods while serving;
+//! 4. [`Provider::drain`] on shutdown.
+
+pub mod disabled;
+
+use std::time::Duration;
+
+use async_trait::async_trait;
+use plimsoll::refusal::Refusal;
+use plimsoll::tier::IsolationTier;
+use plimsoll::validate::PayloadKind;
+
+use crate::config::{Config, ProviderKind};
+
+/// The evidence behind a tier: what was checked to paint it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TierEvidence {
+    /// The tier the evidence supports.
+    pub tier: IsolationTier,
+    /// One sentence on what was checked, for the log.
+    pub detail: String,
+}
+
+/// What one payload kind runs on, as `Describe` states it.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Environment {
+    /// The content-addressed outer artifact (never a tag), or "".
+    pub identity: String,
+    /// The provider's ceiling on a run's timeout, in ms; 0 = unsupported.
+    pub max_timeout_ms: u32,
+    /// The selected executable manifest and platform, or "".
+    pub software_identity: String,
+    /// The languages proven at startup.
+    pub languages: Vec<String>,
+}
+
+pub use crate::config::Resources;
+
+/// Everything `Describe` says about the provider except its current tier and
+/// the daemon's session settings, which the daemon adds.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Description {
+    /// Provider id: `disabled`, `wasm`, `docker`, `e2b`, `dockercloud`, `openshell`.
+    pub sandbox: &'static str,
+    /// Whether projects can run (structurally).
+    pub supports_project: bool,
+    /// Whether modules can run (structurally).
+    pub supports_module: bool,
+    /// Whether a credential-safe grant path exists for snippets.
+    pub supports_javascript_grants: bool,
+    /// Whether a credential-safe grant path exists for projects.
+    pub supports_project_grants: bool,
+    /// Whether the provider can keep sessions.
+    pub supports_sessions: bool,
+    /// Where snippets run.
+    pub javascript: Environment,
+    /// Where projects run.
+    pub project: Environment,
+    /// Where modules run.
+    pub module: Environment,
+    /// Where session calls run.
+    pub session: Environment,
+    /// The operator's envelope.
+    pub resources: Resources,
+    /// The verified sandbox-policy digest, or "".
+    pub policy: String,
+}
+
+/// One JavaScript snippet to run.
+#[derive(Debug, Clone)]
+pub struct SnippetRun {
+    /// The code, already validated (non-empty, no NUL, ≤ 256 KiB).
+    pub code: String,
+    /// The effective timeout (defaulted and clamped).
+    pub timeout: Duration,
+}
+
+/// What a snippet run produced. A non-zero exit is a result, never an error.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct SnippetOutcome {
+    /// Standard output as the guest wrote it (up to the cap).
+    pub stdout: Vec<u8>,
+    /// Standard error as the guest wrote it (up to the cap).
+    pub stderr: Vec<u8>,
+    /// The guest's exit code; 124 when the deadline ended it.
+    pub exit_code: i32,
+    /// Whether the deadline ended it.
+    pub timed_out: bool,
+    /// Whether stdout was cut at the cap.
+    pub stdout_truncated: bool,
+    /// Whether stderr was cut at the cap.
+    pub stderr_truncated: bool,
+    /// The provider's own measure of the run.
+    pub duration: Duration,
+    /// The outer artifact actually selected (the record's `environment`).
+    pub environment: String,
+    /// The selected executable manifest, or "".
+    pub software_identity: String,
+    /// The sandbox instance that ran it, as a typed reference, or "".
+    pub instance: String,
+}
+
+/// Why a provider could not do what was asked.
+#[derive(Debug, thiserror::Error)]
+pub enum ProviderError {
+    /// The request was refused before anything ran (it carries a
+    /// `NotDispatched` reason on the wire).
+    #[error(transparent)]
+    Refused(#[from] Refusal),
+    /// Something failed after the run may have started: the caller gets an
+    /// unmarked `internal` error and the detail goes only to the log.
+    #[error("{0}")]
+    Infrastructure(String),
+}
+
+/// A sandbox provider. See the module docs for the order of calls.
+#[async_trait]
+pub trait Provider: Send + Sync + 'static {
+    /// Configuration checks and the evidence for the tier; starts nothing.
+    async fn preflight(&self) -> Result<TierEvidence, ProviderError>;
+
+    /// The startup proof: a real run through exactly the run path. The
+    /// daemon serves only after it succeeds.
+    async fn prove(&self) -> Result<TierEvidence, ProviderError>;
+
+    /// The bounded, cheap readiness check behind `/readyz`; never starts a
+    /// sandbox. The error is for the log only.
+    async fn ready(&self) -> Result<(), String>;
+
+    /// The tier right now; it may fall below what startup proved.
+    fn current_tier(&self) -> IsolationTier;
+
+    /// What `Describe` states about this provider.
+    fn describe(&self) -> Description;
+
+    /// The timeout a snippet gets when the request states none, in ms.
+    fn default_timeout_ms(&self) -> u32 {
+        30_000
+    }
+
+    /// The refusal for a payload kind this provider cannot run.
+    fn unsupported(&self, kind: PayloadKind) -> Refusal {
+        Refusal::Unsupported(format!(
+            "the {} provider cannot run a {} payload; nothing ran",
+            self.describe().sandbox,
+            kind.as_str()
+        ))
+    }
+
+    /// Runs a JavaScript snippet in a fresh sandbox.
+    async fn run_snippet(&self, run: SnippetRun) -> Result<SnippetOutcome, ProviderError>;
+
+    /// Ends in-flight work within `budget` at shutdown.
+    async fn drain(&self, budget: Duration) {
+        let _ = budget;
+    }
+}
+
+/// Builds the operator's provider from the configuration. Only configuration
+/// is read here; nothing is started.
+pub fn build(config: &Config) -> Result<std::sync::Arc<dyn Provider>, ProviderError> {
+    match config.provider {
+        ProviderKind::Disabled => Ok(std::sync::Arc::new(disabled::Disabled::new())),
+        #[allow(unreachable_patterns)]
+        other => Err(ProviderError::Infrastructure(format!(
+            "SANDBOX_PROVIDER {other:?} is not built into this plimsolld"
+        ))),
+    }
+}

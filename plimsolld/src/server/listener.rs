@@ -1,0 +1,155 @@
+//! The accept loop: one task per connection, HTTP/1.1 and prior-knowledge
+//! h2c (or h2 over TLS), graceful shutdown, and a short linger after a
+//! connection ends so a client still sending an unread body reads our
+//! answer instead of a reset.
+
+use std::convert::Infallible;
+use std::future::Future;
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use http::Request;
+use hyper::body::Incoming;
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use hyper_util::server::conn::auto;
+use hyper_util::server::graceful::GracefulShutdown;
+use hyper_util::service::TowerToHyperService;
+use tokio::io::AsyncReadExt;
+use tokio::net::{TcpListener, TcpStream};
+use tokio_rustls::TlsAcceptor;
+use tower::Service;
+
+use super::HttpResponse;
+
+/// How long a closing connection keeps reading (and discarding) what the
+/// client still sends, so the client sees our answer rather than a reset.
+const LINGER: Duration = Duration::from_millis(500);
+/// Time allowed for the request line and headers.
+const READ_HEADER_TIMEOUT: Duration = Duration::from_secs(5);
+/// The most header bytes one request may carry.
+const MAX_HEADER_BYTES: usize = 32 * 1024;
+/// How long a TLS handshake may take.
+const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Serves `service` on `listener` until `shutdown` resolves, then lets open
+/// connections finish within `drain`.
+pub async fn serve<S>(
+    listener: TcpListener,
+    service: S,
+    tls: Option<TlsAcceptor>,
+    shutdown: impl Future<Output = ()>,
+    drain: Duration,
+) where
+    S: Service<Request<Incoming>, Response = HttpResponse, Error = Infallible, Future: Send>
+        + Clone
+        + Send
+        + Sync
+        + 'static,
+{
+    let graceful = GracefulShutdown::new();
+    let mut builder = auto::Builder::new(TokioExecutor::new());
+    builder
+        .http1()
+        .timer(TokioTimer::new())
+        .header_read_timeout(READ_HEADER_TIMEOUT)
+        .max_buf_size(MAX_HEADER_BYTES.max(8192) * 2);
+    builder
+        .http2()
+        .timer(TokioTimer::new())
+        .max_header_list_size(MAX_HEADER_BYTES as u32);
+    tokio::pin!(shutdown);
+    loop {
+        let (tcp, peer) = tokio::select! {
+            accepted = listener.accept() => match accepted {
+                Ok(pair) => pair,
+                Err(e) => {
+                    // Out of descriptors and the like: back off, never spin.
+                    tracing::warn!(error = %e, "accept failed");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    continue;
+                }
+            },
+            () = &mut shutdown => break,
+        };
+        let _ = tcp.set_nodelay(true);
+        let service = TowerToHyperService::new(service.clone());
+        let builder = builder.clone();
+        let watcher = graceful.watcher();
+        let tls = tls.clone();
+        tokio::spawn(async move {
+            let linger = linger_handle(&tcp);
+            match tls {
+                None => {
+                    let conn = builder.serve_connection(TokioIo::new(tcp), service);
+                    if let Err(e) = watcher.watch(conn.into_owned()).await {
+                        tracing::debug!(peer = %peer, error = %e, "connection ended");
+                    }
+                }
+                Some(acceptor) => {
+                    let stream =
+                        match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(tcp)).await {
+                            Ok(Ok(s)) => s,
+                            _ => return,
+                        };
+                    let conn = builder.serve_connection(TokioIo::new(stream), service);
+                    if let Err(e) = watcher.watch(conn.into_owned()).await {
+                        tracing::debug!(peer = %peer, error = %e, "connection ended");
+                    }
+                }
+            }
+            if let Some(stream) = linger {
+                discard_for(stream, LINGER).await;
+            }
+        });
+    }
+    drop(listener);
+    if tokio::time::timeout(drain, graceful.shutdown())
+        .await
+        .is_err()
+    {
+        tracing::warn!("drain budget spent; closing the remaining connections");
+    }
+}
+
+/// A second handle on the connection's socket, so that after hyper has
+/// finished and closed its own, the socket stays open a moment longer.
+fn linger_handle(tcp: &TcpStream) -> Option<TcpStream> {
+    let std = socket_clone(tcp)?;
+    std.set_nonblocking(true).ok()?;
+    TcpStream::from_std(std).ok()
+}
+
+fn socket_clone(tcp: &TcpStream) -> Option<std::net::TcpStream> {
+    use std::os::fd::AsFd;
+    let owned = tcp.as_fd().try_clone_to_owned().ok()?;
+    Some(std::net::TcpStream::from(owned))
+}
+
+/// Reads and drops what the peer still sends, until it closes or `budget` passes.
+async fn discard_for(mut stream: TcpStream, budget: Duration) {
+    // Our half is done: say so, so a client waiting for the end stops waiting.
+    let _ = socket2_shutdown_write(&stream);
+    let mut buf = [0u8; 8192];
+    let _ = tokio::time::timeout(budget, async {
+        loop {
+            match stream.read(&mut buf).await {
+                Ok(0) | Err(_) => break,
+                Ok(_) => {}
+            }
+        }
+    })
+    .await;
+}
+
+fn socket2_shutdown_write(stream: &TcpStream) -> std::io::Result<()> {
+    use std::os::fd::AsFd;
+    let owned = stream.as_fd().try_clone_to_owned()?;
+    std::net::TcpStream::from(owned).shutdown(std::net::Shutdown::Write)
+}
+
+/// The address a listener is bound to, for the startup log.
+pub fn bound(listener: &TcpListener) -> String {
+    listener
+        .local_addr()
+        .map_or_else(|_| "unknown".to_owned(), |a: SocketAddr| a.to_string())
+}

@@ -1,0 +1,200 @@
+//! The RPC listener and its request pipeline (wire.md §1.4), outermost first:
+//!
+//! 1. [`unread_body`] — `Connection: close` when an answer leaves a body unread;
+//! 2. [`binding`] — the request-id echo, the not-dispatched header, the audit line;
+//! 3. [`routing`] — probes, the service's paths, 404 for the rest;
+//! 4. [`authenticate`] — credentials and scope, before any body byte is read;
+//! 5. [`body_limit`] — the 8 MiB cap on a declared body;
+//! 6. [`decode_gate`] — at most `2 × max_concurrent` bodies being read at once;
+//! 7. the Connect service, whose handlers mark the procedure reached.
+//!
+//! Each layer is one file. [`listener`] runs the accept loop around them.
+
+pub mod authenticate;
+pub mod binding;
+pub mod body_limit;
+pub mod decode_gate;
+pub mod exchange;
+pub mod listener;
+pub mod metrics_listener;
+pub mod probes;
+pub mod routing;
+pub mod tls;
+pub mod unread_body;
+
+use std::convert::Infallible;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+
+use bytes::Bytes;
+use connectrpc::{ConnectError, ConnectRpcService, Limits};
+use http::{HeaderMap, HeaderValue, Request, Response, StatusCode};
+use http_body_util::combinators::UnsyncBoxBody;
+use http_body_util::{BodyExt, Full};
+use plimsoll::refusal::Refusal;
+use plimsoll::validate::MAX_MESSAGE_BYTES;
+use plimsoll::wire::SandboxServiceServer;
+use tower::{Service, ServiceBuilder, ServiceExt};
+
+use crate::auth::{FailureLog, Verifier};
+use crate::service::{SandboxApi, State};
+use exchange::Exchange;
+
+/// An error inside a body stream.
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct BodyError(pub Box<dyn std::error::Error + Send + Sync>);
+
+/// A request body as the inner layers see it.
+pub type ReqBody = UnsyncBoxBody<Bytes, BodyError>;
+/// A response body from any layer.
+pub type RespBody = UnsyncBoxBody<Bytes, BodyError>;
+/// A request inside the pipeline.
+pub type HttpRequest = Request<ReqBody>;
+/// An answer inside the pipeline.
+pub type HttpResponse = Response<RespBody>;
+/// The future every layer returns.
+pub type ResponseFuture = Pin<Box<dyn Future<Output = Result<HttpResponse, Infallible>> + Send>>;
+
+/// What a layer needs of the service inside it.
+pub trait Inner:
+    Service<HttpRequest, Response = HttpResponse, Error = Infallible, Future: Send>
+    + Clone
+    + Send
+    + 'static
+{
+}
+
+impl<S> Inner for S where
+    S: Service<HttpRequest, Response = HttpResponse, Error = Infallible, Future: Send>
+        + Clone
+        + Send
+        + 'static
+{
+}
+
+/// Calls `inner` with `req` (the services here are always ready).
+pub fn call<S: Inner>(inner: &S, req: HttpRequest) -> impl Future<Output = HttpResponse> + Send {
+    let svc = inner.clone();
+    async move {
+        match svc.oneshot(req).await {
+            Ok(resp) => resp,
+            Err(never) => match never {},
+        }
+    }
+}
+
+/// A fixed plain-text answer.
+pub fn text(status: StatusCode, body: &'static str) -> HttpResponse {
+    let mut resp = Response::new(
+        Full::new(Bytes::from_static(body.as_bytes()))
+            .map_err(|never| match never {})
+            .boxed_unsync(),
+    );
+    *resp.status_mut() = status;
+    resp.headers_mut().insert(
+        http::header::CONTENT_TYPE,
+        HeaderValue::from_static("text/plain; charset=utf-8"),
+    );
+    resp
+}
+
+/// A refusal written by a layer before the procedure: the protocol-correct
+/// Connect error for the request's content type, recorded for the audit line.
+pub fn refuse(headers: &HeaderMap, exchange: &Exchange, refusal: Refusal) -> HttpResponse {
+    let (code, reason) = refusal.code_and_reason();
+    exchange.set_outcome(code.as_str(), Some(reason.as_str()));
+    connect_error(refusal.to_connect_error(), headers)
+}
+
+/// Any Connect error as an HTTP answer shaped for the request's protocol.
+pub fn connect_error(err: ConnectError, headers: &HeaderMap) -> HttpResponse {
+    err.into_http_response(headers)
+        .map(|b| b.map_err(|never| match never {}).boxed_unsync())
+}
+
+/// Everything the pipeline needs, built once at startup.
+pub struct Pipeline {
+    /// Handler state.
+    pub state: Arc<State>,
+    /// The caller verifier.
+    pub verifier: Arc<Verifier>,
+    /// The decode gate's size: `2 × max_concurrent`.
+    pub decode_slots: usize,
+}
+
+/// The Connect service adapted to the pipeline's body types.
+#[derive(Clone)]
+pub struct ConnectInner {
+    svc: ConnectRpcService<SandboxServiceServer<SandboxApi>>,
+}
+
+impl Service<HttpRequest> for ConnectInner {
+    type Response = HttpResponse;
+    type Error = Infallible;
+    type Future = ResponseFuture;
+
+    fn poll_ready(
+        &mut self,
+        _cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Result<(), Infallible>> {
+        std::task::Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, req: HttpRequest) -> ResponseFuture {
+        let svc = self.svc.clone();
+        Box::pin(async move {
+            let resp = match svc.oneshot(req).await {
+                Ok(resp) => resp,
+                Err(never) => match never {},
+            };
+            Ok(resp.map(|b| b.map_err(|never| match never {}).boxed_unsync()))
+        })
+    }
+}
+
+/// The whole pipeline as one service over hyper's request body.
+pub type Stack = unread_body::UnreadBody<
+    binding::Binding<
+        routing::Routing<
+            authenticate::Authenticate<
+                body_limit::BodyLimit<decode_gate::DecodeGate<ConnectInner>>,
+            >,
+        >,
+    >,
+>;
+
+impl Pipeline {
+    /// Assembles the layers in the order of wire.md §1.4.
+    pub fn build(self) -> Stack {
+        let limits = Limits::default()
+            .with_max_request_body_size(MAX_MESSAGE_BYTES)
+            .with_max_message_size(MAX_MESSAGE_BYTES);
+        let connect = ConnectInner {
+            svc: ConnectRpcService::new(SandboxServiceServer::new(SandboxApi::new(
+                self.state.clone(),
+            )))
+            .with_limits(limits),
+        };
+        let probes = Arc::new(probes::Probes::new(self.state.provider.clone()));
+        let auth_on = self.verifier.is_on();
+        ServiceBuilder::new()
+            .layer_fn(unread_body::UnreadBody::new)
+            .layer_fn(binding::Binding::new)
+            .layer_fn(move |inner| routing::Routing::new(inner, probes.clone(), auth_on))
+            .layer_fn({
+                let verifier = self.verifier.clone();
+                let failures = Arc::new(FailureLog::new());
+                move |inner| {
+                    authenticate::Authenticate::new(inner, verifier.clone(), failures.clone())
+                }
+            })
+            .layer_fn(body_limit::BodyLimit::new)
+            .layer_fn({
+                let gate = Arc::new(decode_gate::Gate::new(self.decode_slots));
+                move |inner| decode_gate::DecodeGate::new(inner, gate.clone())
+            })
+            .service(connect)
+    }
+}

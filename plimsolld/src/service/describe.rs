@@ -1,0 +1,47 @@
+//! `Describe`: the provider, its current tier and what it can run (wire.md §9).
+
+use buffa::MessageField;
+use plimsoll::refusal::PROTOCOL;
+use plimsoll::validate::HARD_TIMEOUT_CEILING_MS;
+use plimsoll::wire::{DescribeResponse, PayloadEnvironment, RunResources};
+
+use super::State;
+use crate::provider::Environment;
+
+/// Builds the answer. Environments and resources are always written, even
+/// empty, as clients expect; session fields stay zero while sessions are off.
+pub(super) fn handle(state: &State) -> DescribeResponse {
+    let d = state.provider.describe();
+    DescribeResponse {
+        sandbox: d.sandbox.to_owned(),
+        isolation: state.current_tier().as_str().to_owned(),
+        protocol: PROTOCOL,
+        supports_project: d.supports_project,
+        supports_module: d.supports_module,
+        supports_javascript_grants: d.supports_javascript_grants,
+        supports_project_grants: d.supports_project_grants,
+        javascript_environment: MessageField::some(environment(&d.javascript)),
+        project_environment: MessageField::some(environment(&d.project)),
+        module_environment: MessageField::some(environment(&d.module)),
+        resources: MessageField::some(RunResources {
+            memory_mb: state.resources.memory_mb,
+            cpus: state.resources.cpus,
+            pids: state.resources.pids,
+            disk_mb: state.resources.disk_mb,
+            ..Default::default()
+        }),
+        policy: d.policy,
+        ..Default::default()
+    }
+}
+
+fn environment(e: &Environment) -> PayloadEnvironment {
+    PayloadEnvironment {
+        identity: e.identity.clone(),
+        // Describe never promises more than the daemon's hard ceiling.
+        max_timeout_ms: e.max_timeout_ms.min(HARD_TIMEOUT_CEILING_MS),
+        software_identity: e.software_identity.clone(),
+        languages: e.languages.clone(),
+        ..Default::default()
+    }
+}

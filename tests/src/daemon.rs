@@ -1,0 +1,354 @@
+//! Starting, watching and stopping the built binaries.
+
+use std::io::{BufRead, BufReader, Read};
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::mpsc;
+use std::sync::{Arc, Mutex, Once};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant, SystemTime};
+
+use serde_json::Value;
+
+/// How long a daemon may take to log `plimsolld listening`.
+const START_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// How long a process may take to exit after SIGTERM, or a refused start to exit.
+const EXIT_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// The line `plimsolld` logs once it serves (config.md §8).
+const LISTENING: &str = "plimsolld listening";
+
+/// The workspace root: the parent of this crate's directory.
+fn workspace_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("the tests crate sits inside the workspace")
+        .to_path_buf()
+}
+
+/// The path of a built workspace binary, `<target>/debug/<name>`.
+///
+/// `<target>` is `$CARGO_TARGET_DIR` when set (relative to the workspace root when
+/// relative), else the workspace's `target/`. Panics when the file does not exist:
+/// the harness builds nothing, so the test command must build the workspace first.
+pub fn binary(name: &str) -> PathBuf {
+    let root = workspace_root();
+    let target = match std::env::var_os("CARGO_TARGET_DIR") {
+        Some(dir) => root.join(dir),
+        None => root.join("target"),
+    };
+    let path = target.join("debug").join(name);
+    assert!(
+        path.is_file(),
+        "{} does not exist: the end-to-end tests run the built binary and build nothing. \
+         Run `cargo build --workspace --all-targets` first (scripts/test does).",
+        path.display()
+    );
+    warn_if_stale(&path, &root);
+    path
+}
+
+/// Warns once when a source file of the daemon is newer than the binary under test.
+fn warn_if_stale(bin: &Path, root: &Path) {
+    static WARNED: Once = Once::new();
+    let Ok(built) = bin.metadata().and_then(|m| m.modified()) else {
+        return;
+    };
+    let newest = ["plimsolld/src", "plimsoll/src", "proto"]
+        .iter()
+        .filter_map(|dir| newest_file(&root.join(dir)))
+        .max();
+    if newest.is_some_and(|t| t > built) {
+        WARNED.call_once(|| {
+            eprintln!(
+                "warning: {} is older than the daemon's sources; run `cargo build --workspace` \
+                 to test the current code",
+                bin.display()
+            );
+        });
+    }
+}
+
+fn newest_file(dir: &Path) -> Option<SystemTime> {
+    let mut newest = None;
+    for entry in std::fs::read_dir(dir).ok()?.flatten() {
+        let path = entry.path();
+        let time = if path.is_dir() {
+            newest_file(&path)
+        } else {
+            entry.metadata().and_then(|m| m.modified()).ok()
+        };
+        newest = newest.max(time);
+    }
+    newest
+}
+
+/// A command with exactly the given environment: `PATH` and nothing else is inherited,
+/// so a developer's own `PLIMSOLL_TOKEN` cannot change what a test sees.
+fn command(bin: &Path, args: &[&str], env: &[(&str, &str)]) -> Command {
+    let mut cmd = Command::new(bin);
+    cmd.args(args).env_clear();
+    if let Some(path) = std::env::var_os("PATH") {
+        cmd.env("PATH", path);
+    }
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    cmd
+}
+
+// === impl Daemon ===
+
+/// A running `plimsolld`, killed when dropped.
+pub struct Daemon {
+    child: Child,
+    /// The RPC listener's bound address, from the listening line.
+    pub addr: SocketAddr,
+    /// The metrics listener's bound address; `None` when the line says `off`.
+    pub metrics_addr: Option<SocketAddr>,
+    /// The listening line, parsed.
+    pub listening: Value,
+    log: Arc<Mutex<Vec<String>>>,
+    reader: Option<JoinHandle<()>>,
+    exited: Option<ExitStatus>,
+}
+
+impl Daemon {
+    /// Starts `plimsolld` in open dev mode with the default (disabled) provider.
+    pub fn open() -> Daemon {
+        Daemon::start(&[])
+    }
+
+    /// Starts `plimsolld` with a shared `PLIMSOLL_TOKEN`.
+    pub fn with_token(token: &str) -> Daemon {
+        Daemon::start(&[("PLIMSOLL_TOKEN", token)])
+    }
+
+    /// Starts `plimsolld` with `env` on top of `PLIMSOLL_ADDR=127.0.0.1:0` and
+    /// `PLIMSOLL_METRICS_ADDR=127.0.0.1:0` (both overridable), and waits for its
+    /// listening line. Panics with the captured log if it does not come within 30 s.
+    pub fn start(env: &[(&str, &str)]) -> Daemon {
+        let mut full: Vec<(&str, &str)> = vec![
+            ("PLIMSOLL_ADDR", "127.0.0.1:0"),
+            ("PLIMSOLL_METRICS_ADDR", "127.0.0.1:0"),
+        ];
+        for (k, v) in env {
+            full.retain(|(name, _)| name != k);
+            full.push((k, v));
+        }
+        let mut child = command(&binary("plimsolld"), &[], &full)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("spawn plimsolld");
+        let stderr = child.stderr.take().expect("stderr is piped");
+        let log = Arc::new(Mutex::new(Vec::new()));
+        let (tx, rx) = mpsc::channel();
+        let reader = {
+            let log = Arc::clone(&log);
+            std::thread::spawn(move || read_log(stderr, &log, &tx))
+        };
+        let mut daemon = Daemon {
+            child,
+            addr: SocketAddr::from(([127, 0, 0, 1], 0)),
+            metrics_addr: None,
+            listening: Value::Null,
+            log,
+            reader: Some(reader),
+            exited: None,
+        };
+        match rx.recv_timeout(START_TIMEOUT) {
+            Ok(Some(line)) => {
+                daemon.listening = line;
+                daemon.addr = socket_addr(&daemon.listening, "addr")
+                    .unwrap_or_else(|| panic!("listening line without addr: {}", daemon.listening));
+                daemon.metrics_addr = socket_addr(&daemon.listening, "metrics_addr");
+                daemon
+            }
+            Ok(None) => {
+                let status = daemon.wait_exit();
+                panic!(
+                    "plimsolld exited ({status}) before listening; its log:\n{}",
+                    daemon.logs().join("\n")
+                )
+            }
+            Err(_) => panic!(
+                "plimsolld did not log `{LISTENING}` within {START_TIMEOUT:?}; its log:\n{}",
+                daemon.logs().join("\n")
+            ),
+        }
+    }
+
+    /// The raw log lines written so far.
+    pub fn logs(&self) -> Vec<String> {
+        self.log.lock().map(|l| l.clone()).unwrap_or_default()
+    }
+
+    /// The log lines written so far that parse as JSON objects.
+    pub fn log_records(&self) -> Vec<Value> {
+        self.logs()
+            .iter()
+            .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+            .filter(Value::is_object)
+            .collect()
+    }
+
+    /// The OS process id.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// Sends SIGTERM and waits (at most 30 s) for the exit; the log is complete after.
+    pub fn sigterm(&mut self) -> ExitStatus {
+        if let Some(status) = self.exited {
+            return status;
+        }
+        let pid = rustix::process::Pid::from_child(&self.child);
+        rustix::process::kill_process(pid, rustix::process::Signal::TERM).expect("send SIGTERM");
+        self.wait_exit()
+    }
+
+    /// Waits for the process to exit by itself (at most 30 s), then for its log to end.
+    pub fn wait_exit(&mut self) -> ExitStatus {
+        if let Some(status) = self.exited {
+            return status;
+        }
+        let deadline = Instant::now() + EXIT_TIMEOUT;
+        let status = loop {
+            if let Some(status) = self.child.try_wait().expect("poll plimsolld") {
+                break status;
+            }
+            if Instant::now() > deadline {
+                let _ = self.child.kill();
+                let _ = self.child.wait();
+                panic!(
+                    "plimsolld did not exit within {EXIT_TIMEOUT:?}; its log:\n{}",
+                    self.logs().join("\n")
+                );
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        };
+        self.exited = Some(status);
+        if let Some(reader) = self.reader.take() {
+            let _ = reader.join();
+        }
+        status
+    }
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        if self.exited.is_none() {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+}
+
+/// Collects stderr line by line and reports the listening line (or the end of the log).
+fn read_log(stderr: impl Read, log: &Mutex<Vec<String>>, tx: &mpsc::Sender<Option<Value>>) {
+    let mut reader = BufReader::new(stderr);
+    let mut buf = Vec::new();
+    let mut told = false;
+    loop {
+        buf.clear();
+        match reader.read_until(b'\n', &mut buf) {
+            Ok(0) | Err(_) => break,
+            Ok(_) => {}
+        }
+        let line = String::from_utf8_lossy(&buf).trim_end().to_string();
+        if !told
+            && let Ok(v) = serde_json::from_str::<Value>(&line)
+            && v.get("msg").and_then(Value::as_str) == Some(LISTENING)
+        {
+            told = true;
+            let _ = tx.send(Some(v));
+        }
+        if let Ok(mut l) = log.lock() {
+            l.push(line);
+        }
+    }
+    if !told {
+        let _ = tx.send(None);
+    }
+}
+
+fn socket_addr(line: &Value, key: &str) -> Option<SocketAddr> {
+    line.get(key)?.as_str()?.parse().ok()
+}
+
+// === impl Finished ===
+
+/// A process that ran to its exit.
+#[derive(Debug)]
+pub struct Finished {
+    pub status: ExitStatus,
+    pub stdout: String,
+    pub stderr: String,
+}
+
+impl Finished {
+    /// The stderr lines that parse as JSON log records.
+    pub fn log_records(&self) -> Vec<Value> {
+        self.stderr
+            .lines()
+            .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+            .filter(Value::is_object)
+            .collect()
+    }
+
+    /// The exit code, panicking when a signal ended the process.
+    pub fn code(&self) -> i32 {
+        self.status
+            .code()
+            .unwrap_or_else(|| panic!("killed by a signal: {self:?}"))
+    }
+}
+
+/// Runs the workspace binary `name` with `args` and exactly `env` (plus `PATH`), with
+/// `stdin` as its standard input, and waits at most 30 s for it to exit.
+pub fn finish(name: &str, args: &[&str], env: &[(&str, &str)], stdin: &[u8]) -> Finished {
+    let mut child = command(&binary(name), args, env)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap_or_else(|e| panic!("spawn {name}: {e}"));
+    let mut input = child.stdin.take().expect("stdin is piped");
+    let stdin = stdin.to_vec();
+    let writer = std::thread::spawn(move || {
+        use std::io::Write;
+        let _ = input.write_all(&stdin);
+    });
+    let stdout = drain(child.stdout.take().expect("stdout is piped"));
+    let stderr = drain(child.stderr.take().expect("stderr is piped"));
+    let deadline = Instant::now() + EXIT_TIMEOUT;
+    let status = loop {
+        if let Some(status) = child.try_wait().expect("poll child") {
+            break status;
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("{name} {args:?} did not exit within {EXIT_TIMEOUT:?}");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let _ = writer.join();
+    Finished {
+        status,
+        stdout: stdout.join().unwrap_or_default(),
+        stderr: stderr.join().unwrap_or_default(),
+    }
+}
+
+fn drain(mut pipe: impl Read + Send + 'static) -> JoinHandle<String> {
+    std::thread::spawn(move || {
+        let mut buf = Vec::new();
+        let _ = pipe.read_to_end(&mut buf);
+        String::from_utf8_lossy(&buf).into_owned()
+    })
+}
