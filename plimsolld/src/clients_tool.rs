@@ -97,9 +97,15 @@ pub enum ClientsToolError {
     /// The OS random number generator failed.
     #[error("cannot read OS randomness: {0}")]
     Random(String),
-    /// Writing the token or the listing failed; a stored token is then unknown to anyone.
+    /// Writing the listing or the help text failed.
     #[error("cannot write to stdout: {0}")]
     Stdout(#[source] io::Error),
+    /// The new token was stored but could not be printed, so nobody knows it.
+    #[error(
+        "client {id:?} was saved but its token could not be written to stdout ({source}); \
+         run rotate --token-stdout to issue another"
+    )]
+    TokenNotShown { id: String, source: io::Error },
 }
 
 impl ClientsToolError {
@@ -376,23 +382,42 @@ pub fn execute(
         Command::List { file, json } => list(&file, json, stdout),
         Command::Create(new) => {
             let token = generate_token()?;
-            add(&new, &token, stderr)?;
-            print_token(&token, stdout)
+            add(&new, &token)?;
+            print_token(&token, new.id.trim(), stdout)?;
+            let _ = writeln!(
+                stderr,
+                "added client {:?} to {}; its token is shown once, above",
+                new.id.trim(),
+                new.file.display()
+            );
+            Ok(())
         }
         Command::Import(new) => {
             let token = read_token(stdin)?;
-            add(&new, &token, stderr)
+            add(&new, &token)?;
+            let _ = writeln!(
+                stderr,
+                "added client {:?} to {}",
+                new.id.trim(),
+                new.file.display()
+            );
+            Ok(())
         }
         Command::Rotate { file, id, source } => {
             let token = match source {
                 TokenSource::Generate => generate_token()?,
                 TokenSource::Stdin => read_token(stdin)?,
             };
-            rotate(&file, &id, &token, stderr)?;
-            match source {
-                TokenSource::Generate => print_token(&token, stdout),
-                TokenSource::Stdin => Ok(()),
+            rotate(&file, &id, &token)?;
+            if source == TokenSource::Generate {
+                print_token(&token, id.trim(), stdout)?;
             }
+            let _ = writeln!(
+                stderr,
+                "rotated the token of {:?}; restart the daemon to apply it",
+                id.trim()
+            );
+            Ok(())
         }
         Command::Revoke { file, id } => {
             edit(&file, |registry| {
@@ -464,7 +489,7 @@ fn edit(
     Ok(())
 }
 
-fn add(new: &NewClient, token: &str, stderr: &mut dyn Write) -> Result<(), ClientsToolError> {
+fn add(new: &NewClient, token: &str) -> Result<(), ClientsToolError> {
     let fingerprint = clients_file::token_sha256_hex(token);
     edit(&new.file, |registry| {
         let id = new.id.trim();
@@ -483,22 +508,10 @@ fn add(new: &NewClient, token: &str, stderr: &mut dyn Write) -> Result<(), Clien
             paid_seconds_per_day: new.paid_seconds_per_day,
         });
         Ok(())
-    })?;
-    let _ = writeln!(
-        stderr,
-        "added client {:?} to {}",
-        new.id.trim(),
-        new.file.display()
-    );
-    Ok(())
+    })
 }
 
-fn rotate(
-    file: &Path,
-    id: &str,
-    token: &str,
-    stderr: &mut dyn Write,
-) -> Result<(), ClientsToolError> {
+fn rotate(file: &Path, id: &str, token: &str) -> Result<(), ClientsToolError> {
     let fingerprint = clients_file::token_sha256_hex(token);
     edit(file, |registry| {
         if let Some(owner) = registry.lookup(&fingerprint) {
@@ -517,13 +530,7 @@ fn rotate(
             .ok_or_else(|| no_such_client(id, file))?;
         entry.token_sha256 = fingerprint.clone();
         Ok(())
-    })?;
-    let _ = writeln!(
-        stderr,
-        "rotated the token of {:?}; restart the daemon to apply it",
-        id.trim()
-    );
-    Ok(())
+    })
 }
 
 fn list(file: &Path, json: bool, stdout: &mut dyn Write) -> Result<(), ClientsToolError> {
@@ -597,10 +604,14 @@ fn read_token(stdin: &mut dyn Read) -> Result<String, ClientsToolError> {
     Ok(token)
 }
 
-fn print_token(token: &str, stdout: &mut dyn Write) -> Result<(), ClientsToolError> {
+/// Prints the token, the only thing a command writes to stdout.
+fn print_token(token: &str, id: &str, stdout: &mut dyn Write) -> Result<(), ClientsToolError> {
     writeln!(stdout, "{token}")
         .and_then(|()| stdout.flush())
-        .map_err(ClientsToolError::Stdout)
+        .map_err(|source| ClientsToolError::TokenNotShown {
+            id: id.to_owned(),
+            source,
+        })
 }
 
 // === impl FileLock ===

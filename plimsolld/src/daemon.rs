@@ -13,7 +13,7 @@ use crate::config::hardened::enforce_hardened;
 use crate::config::{AuthConfig, Config};
 use crate::metrics::Metrics;
 use crate::provider::{self, ProviderError};
-use crate::server::listener::{bound, serve};
+use crate::server::listener::{METRICS_CONNECTION_CAP, bound, rpc_connection_cap, serve};
 use crate::server::metrics_listener::MetricsService;
 use crate::server::{Pipeline, tls};
 use crate::service::State;
@@ -135,6 +135,7 @@ pub async fn run(config: Config) -> Result<(), StartupError> {
         decode_slots: 2 * config.max_concurrent as usize,
     }
     .build();
+    let max_connections = rpc_connection_cap();
     tracing::info!(
         addr = %bound(&rpc),
         provider = provider.describe().sandbox,
@@ -144,22 +145,24 @@ pub async fn run(config: Config) -> Result<(), StartupError> {
         tls = tls.is_some(),
         metrics_addr = %metrics_listener.as_ref().map_or_else(|| "off".to_owned(), bound),
         guard_addr = "none",
+        max_connections,
         "plimsolld listening"
     );
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     tokio::spawn(signals(stop_tx));
+    // The metrics listener stays up while the RPC listener drains, and stops after it.
+    let (metrics_stop_tx, metrics_stop_rx) = tokio::sync::oneshot::channel::<()>();
     let metrics_task = metrics_listener.map(|l| {
         let tls = tls.clone();
-        let mut stop = stop_rx.clone();
         tokio::spawn(async move {
-            // The metrics listener stays up while the RPC listener drains.
             let done = async move {
-                let _ = stop.wait_for(|s| *s).await;
+                let _ = metrics_stop_rx.await;
             };
             serve(
                 l,
                 MetricsService::new(metrics),
                 tls,
+                METRICS_CONNECTION_CAP,
                 done,
                 Duration::from_secs(10),
             )
@@ -171,8 +174,9 @@ pub async fn run(config: Config) -> Result<(), StartupError> {
         let _ = stop.wait_for(|s| *s).await;
         tracing::info!("shutting down: draining in-flight requests");
     };
-    serve(rpc, stack, tls, rpc_stop, DRAIN_BUDGET).await;
+    serve(rpc, stack, tls, max_connections, rpc_stop, DRAIN_BUDGET).await;
     provider.drain(DRAIN_BUDGET).await;
+    let _ = metrics_stop_tx.send(());
     if let Some(t) = metrics_task {
         let _ = tokio::time::timeout(Duration::from_secs(10), t).await;
     }

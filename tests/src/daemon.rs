@@ -260,15 +260,17 @@ fn read_log(stderr: impl Read, log: &Mutex<Vec<String>>, tx: &mpsc::Sender<Optio
             Ok(_) => {}
         }
         let line = String::from_utf8_lossy(&buf).trim_end().to_string();
-        if !told
-            && let Ok(v) = serde_json::from_str::<Value>(&line)
-            && v.get("msg").and_then(Value::as_str) == Some(LISTENING)
-        {
-            told = true;
-            let _ = tx.send(Some(v));
-        }
+        let listening = serde_json::from_str::<Value>(&line)
+            .ok()
+            .filter(|v| v.get("msg").and_then(Value::as_str) == Some(LISTENING));
+        // The line joins the log before anyone is told, so the log a test reads
+        // after start() always holds it.
         if let Ok(mut l) = log.lock() {
             l.push(line);
+        }
+        if !told && let Some(v) = listening {
+            told = true;
+            let _ = tx.send(Some(v));
         }
     }
     if !told {
@@ -333,7 +335,10 @@ pub fn finish(name: &str, args: &[&str], env: &[(&str, &str)], stdin: &[u8]) -> 
         if Instant::now() > deadline {
             let _ = child.kill();
             let _ = child.wait();
-            panic!("{name} {args:?} did not exit within {EXIT_TIMEOUT:?}");
+            panic!(
+                "{name} {args:?} with {env:?} did not exit within {EXIT_TIMEOUT:?}; its stderr:\n{}",
+                stderr.join().unwrap_or_default()
+            );
         }
         std::thread::sleep(Duration::from_millis(20));
     };

@@ -501,3 +501,32 @@ fn an_invalid_existing_file_is_not_overwritten() {
     assert!(err.contains("missing or null"), "{err}");
     assert_eq!(fs::read_to_string(&s.file).unwrap(), "{\"clients\": null}");
 }
+
+/// A writer that always fails, like a closed pipe.
+struct ClosedPipe;
+
+impl Write for ClosedPipe {
+    fn write(&mut self, _: &[u8]) -> io::Result<usize> {
+        Err(io::ErrorKind::BrokenPipe.into())
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        Err(io::ErrorKind::BrokenPipe.into())
+    }
+}
+
+#[test]
+fn a_token_that_cannot_be_printed_is_reported_with_the_remedy() {
+    let s = scratch();
+    let mut err = Vec::new();
+    let code = run(
+        &args(&["create", "--file", &s.file, "--id", "a", "--token-stdout"]),
+        &mut io::empty(),
+        &mut ClosedPipe,
+        &mut err,
+    );
+    assert_eq!(code, 1);
+    let err = String::from_utf8(err).unwrap();
+    assert!(err.contains("rotate --token-stdout"), "{err}");
+    assert!(!err.contains("shown once"), "{err}");
+}

@@ -6,6 +6,7 @@
 use std::convert::Infallible;
 use std::future::Future;
 use std::net::SocketAddr;
+use std::sync::Arc;
 use std::time::Duration;
 
 use http::Request;
@@ -16,6 +17,7 @@ use hyper_util::server::graceful::GracefulShutdown;
 use hyper_util::service::TowerToHyperService;
 use tokio::io::AsyncReadExt;
 use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::Semaphore;
 use tokio_rustls::TlsAcceptor;
 use tower::Service;
 
@@ -32,11 +34,14 @@ const MAX_HEADER_BYTES: usize = 32 * 1024;
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Serves `service` on `listener` until `shutdown` resolves, then lets open
-/// connections finish within `drain`.
+/// connections finish within `drain`. At most `max_connections` are open at
+/// once; at the cap, accepting waits (new connections queue in the kernel's
+/// backlog) and nothing is refused.
 pub async fn serve<S>(
     listener: TcpListener,
     service: S,
     tls: Option<TlsAcceptor>,
+    max_connections: usize,
     shutdown: impl Future<Output = ()>,
     drain: Duration,
 ) where
@@ -58,7 +63,15 @@ pub async fn serve<S>(
         .timer(TokioTimer::new())
         .max_header_list_size(MAX_HEADER_BYTES as u32);
     tokio::pin!(shutdown);
+    let slots = Arc::new(Semaphore::new(max_connections.max(1)));
     loop {
+        let permit = tokio::select! {
+            permit = slots.clone().acquire_owned() => match permit {
+                Ok(p) => p,
+                Err(_) => break,
+            },
+            () = &mut shutdown => break,
+        };
         let (tcp, peer) = tokio::select! {
             accepted = listener.accept() => match accepted {
                 Ok(pair) => pair,
@@ -77,6 +90,7 @@ pub async fn serve<S>(
         let watcher = graceful.watcher();
         let tls = tls.clone();
         tokio::spawn(async move {
+            let _permit = permit;
             let linger = linger_handle(&tcp);
             match tls {
                 None => {
@@ -153,3 +167,21 @@ pub fn bound(listener: &TcpListener) -> String {
         .local_addr()
         .map_or_else(|_| "unknown".to_owned(), |a: SocketAddr| a.to_string())
 }
+
+/// The RPC listener's connection cap: half the soft `RLIMIT_NOFILE`, after
+/// raising the soft limit to the hard one. An unknown limit means no cap.
+pub fn rpc_connection_cap() -> usize {
+    use nix::sys::resource::{Resource, getrlimit, setrlimit};
+    let Ok((soft, hard)) = getrlimit(Resource::RLIMIT_NOFILE) else {
+        return usize::MAX;
+    };
+    let soft = if soft < hard && setrlimit(Resource::RLIMIT_NOFILE, hard, hard).is_ok() {
+        hard
+    } else {
+        soft
+    };
+    usize::try_from(soft / 2).unwrap_or(usize::MAX).max(1)
+}
+
+/// The metrics listener's connection cap.
+pub const METRICS_CONNECTION_CAP: usize = 64;

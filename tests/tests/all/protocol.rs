@@ -79,7 +79,8 @@ fn protocol_is_checked_before_the_payload() {
     let broken = [
         json!({}),
         json!({ "javascript": { "code": "" } }),
-        json!({ "javascript": { "code": "1" }, "cell": { "language": "python", "code": "1" } }),
+        json!({ "cell": { "language": "python", "code": "1" } }),
+        json!({ "project": { "files": [{ "path": "../x", "content": "" }], "steps": [] } }),
     ];
     for body in &broken {
         let req = connect::call("Run", body);

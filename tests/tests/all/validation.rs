@@ -5,8 +5,8 @@
 
 use plimsoll_tests::Daemon;
 use plimsoll_tests::connect::{
-    self, MAX_CODE_BYTES, PROTOCOL, Reason, assert_disabled, assert_invalid, assert_no_mark_header,
-    assert_refused,
+    self, MAX_CODE_BYTES, NOT_DISPATCHED, PROTOCOL, Reason, assert_disabled, assert_error,
+    assert_invalid, assert_no_mark_header, assert_refused,
 };
 use serde_json::{Value, json};
 
@@ -120,16 +120,26 @@ fn request_without_a_payload_is_invalid_argument() {
     assert_run_invalid(&d, &json!({ "protocol": PROTOCOL }));
 }
 
+/// Two members of the `payload` oneof can only be written in JSON, where proto3 JSON
+/// refuses them while decoding: the refusal is marked `request` by the detail when the
+/// handler saw it, or by the pre-handler header when the decoder did, never both ways
+/// nor neither.
 #[test]
 fn request_with_two_payloads_is_invalid_argument() {
     let d = Daemon::open();
-    assert_run_invalid(
-        &d,
-        &json!({
-            "protocol": PROTOCOL,
-            "javascript": { "code": "1" },
-            "project": { "files": [], "steps": ["true"] },
-        }),
+    let body = json!({
+        "protocol": PROTOCOL,
+        "javascript": { "code": "1" },
+        "project": { "files": [], "steps": ["true"] },
+    });
+    let req = connect::call("Run", &body);
+    let resp = req.send(d.addr);
+    let err = assert_error(&resp, &req, "invalid_argument");
+    let by_detail = err.not_dispatched() == Some(Reason::Request.detail_bytes());
+    let by_header = resp.all(NOT_DISPATCHED) == ["request"];
+    assert!(
+        by_detail != by_header,
+        "marked request exactly one way:\n{resp}"
     );
 }
 
