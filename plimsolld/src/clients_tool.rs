@@ -159,10 +159,13 @@ pub enum Command {
 /// The flags `create` and `import` share.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct NewClient {
+    /// The clients file; created when absent.
     pub file: PathBuf,
+    /// The caller's id as given (trimmed when stored).
     pub id: String,
     /// Never empty: [`DEFAULT_SCOPE`] when no `--scope` was given.
     pub scopes: Vec<String>,
+    /// `None` when absent or 0.
     pub paid_seconds_per_day: Option<u64>,
 }
 
