@@ -8,6 +8,7 @@ use std::time::Duration;
 use plimsoll::tier::{Floor, IsolationTier};
 use tokio::net::TcpListener;
 
+use crate::admission::Admission;
 use crate::auth::Verifier;
 use crate::config::hardened::enforce_hardened;
 use crate::config::{AuthConfig, Config};
@@ -49,6 +50,9 @@ pub enum StartupError {
     /// The startup proof failed or took too long.
     #[error("the sandbox provider failed its startup proof: {0}")]
     Proof(String),
+    /// SIGTERM and SIGINT handlers could not be installed.
+    #[error("cannot install signal handlers: {0}")]
+    Signals(std::io::Error),
     /// The proven tier is below `SANDBOX_MIN_ISOLATION`.
     #[error(
         "provider does not meet the required isolation tier: SANDBOX_MIN_ISOLATION is {floor}, the provider proved {proven}"
@@ -85,6 +89,15 @@ pub async fn run(config: Config) -> Result<(), StartupError> {
     // 14: first hardened pass, before anything is paid for.
     if config.hardened {
         enforce_hardened(&config, None)?;
+    }
+    // 9: the limiter, after the memory clamp.
+    if config.limits.clamped {
+        tracing::warn!(
+            max_concurrent = config.limits.max_concurrent,
+            total_memory_mb = config.limits.total_memory_mb,
+            per_run_memory_mb = config.limits.per_run_memory_mb,
+            "SANDBOX_MAX_CONCURRENT lowered to what fits in SANDBOX_TOTAL_MEMORY_MB"
+        );
     }
     // 15: bind every listener.
     let rpc = bind(&config.addr, "cannot listen").await?;
@@ -128,6 +141,7 @@ pub async fn run(config: Config) -> Result<(), StartupError> {
         proven: evidence.tier,
         resources: config.resources,
         metrics: metrics.clone(),
+        admission: Admission::new(config.limits, metrics.clone()),
     });
     let stack = Pipeline {
         state: state.clone(),
@@ -136,20 +150,25 @@ pub async fn run(config: Config) -> Result<(), StartupError> {
     }
     .build();
     let max_connections = rpc_connection_cap();
+    // Handlers first: a signal that follows the listening line must drain, not kill.
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let handlers = install_signal_handlers()?;
+    tokio::spawn(signals(handlers, stop_tx));
     tracing::info!(
         addr = %bound(&rpc),
         provider = provider.describe().sandbox,
         isolation = %state.current_tier(),
         auth = verifier.label(),
-        max_concurrent = config.max_concurrent,
+        max_concurrent = config.limits.max_concurrent,
+        per_key_concurrent = config.limits.per_key_concurrent,
+        rate_per_min = config.limits.rate_per_min,
+        rate_burst = config.limits.rate_burst,
         tls = tls.is_some(),
         metrics_addr = %metrics_listener.as_ref().map_or_else(|| "off".to_owned(), bound),
         guard_addr = "none",
         max_connections,
         "plimsolld listening"
     );
-    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
-    tokio::spawn(signals(stop_tx));
     // The metrics listener stays up while the RPC listener drains, and stops after it.
     let (metrics_stop_tx, metrics_stop_rx) = tokio::sync::oneshot::channel::<()>();
     let metrics_task = metrics_listener.map(|l| {
@@ -200,17 +219,18 @@ async fn bind(addr: &str, what: &'static str) -> Result<TcpListener, StartupErro
         })
 }
 
+type SignalPair = (tokio::signal::unix::Signal, tokio::signal::unix::Signal);
+
+fn install_signal_handlers() -> Result<SignalPair, StartupError> {
+    use tokio::signal::unix::{SignalKind, signal};
+    let term = signal(SignalKind::terminate()).map_err(StartupError::Signals)?;
+    let int = signal(SignalKind::interrupt()).map_err(StartupError::Signals)?;
+    Ok((term, int))
+}
+
 /// Waits for SIGTERM or SIGINT and flips `stop`. A second signal ends the
 /// process at once, as restoring the default handler would.
-async fn signals(stop: tokio::sync::watch::Sender<bool>) {
-    use tokio::signal::unix::{SignalKind, signal};
-    let (Ok(mut term), Ok(mut int)) = (
-        signal(SignalKind::terminate()),
-        signal(SignalKind::interrupt()),
-    ) else {
-        tracing::error!("cannot install signal handlers; stop the daemon with SIGKILL");
-        return;
-    };
+async fn signals((mut term, mut int): SignalPair, stop: tokio::sync::watch::Sender<bool>) {
     tokio::select! {
         _ = term.recv() => {}
         _ = int.recv() => {}

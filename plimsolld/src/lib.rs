@@ -4,13 +4,17 @@
 //! Where each concept lives:
 //! - [`config`] — every environment variable, parsed and validated once;
 //! - [`auth`] — caller credentials and the clients file;
+//! - [`admission`] — run caps, per-caller caps and rate limits; sheds, never queues;
 //! - [`server`] — listeners and the request pipeline, one layer per file;
 //! - [`service`] — the Connect handlers, each a list of named steps;
 //! - [`provider`] — the `Provider` trait and one module per provider;
 //! - [`record`] — each answer's run record;
 //! - [`metrics`], [`logging`] — what operators see.
-#![forbid(unsafe_code)]
+// `deny`, not `forbid`: the one `unsafe` call (loading the cached compiled wasm guest,
+// `provider/wasm/cache.rs`) is allowed on its own small function.
+#![deny(unsafe_code)]
 
+pub mod admission;
 pub mod auth;
 pub mod clients_tool;
 pub mod config;

@@ -130,6 +130,30 @@ impl Daemon {
     /// `PLIMSOLL_METRICS_ADDR=127.0.0.1:0` (both overridable), and waits for its
     /// listening line. Panics with the captured log if it does not come within 30 s.
     pub fn start(env: &[(&str, &str)]) -> Daemon {
+        match Daemon::launch(env) {
+            Ok(d) => d,
+            Err(out) => panic!(
+                "plimsolld exited ({}) before listening; its log:\n{}",
+                out.status, out.stderr
+            ),
+        }
+    }
+
+    /// Starts `plimsolld` with a configuration it must refuse, and returns how it ended.
+    /// Panics (with the log) if it serves instead: it is killed at its listening line.
+    pub fn refuse(env: &[(&str, &str)]) -> Finished {
+        match Daemon::launch(env) {
+            Ok(d) => panic!(
+                "plimsolld started serving with {env:?}, which it must refuse; its log:\n{}",
+                d.logs().join("\n")
+            ),
+            Err(out) => out,
+        }
+    }
+
+    /// Starts `plimsolld` as [`Daemon::start`] does: `Ok` once it listens, `Err` with
+    /// its exit status and log when it exits first.
+    pub fn launch(env: &[(&str, &str)]) -> Result<Daemon, Finished> {
         let mut full: Vec<(&str, &str)> = vec![
             ("PLIMSOLL_ADDR", "127.0.0.1:0"),
             ("PLIMSOLL_METRICS_ADDR", "127.0.0.1:0"),
@@ -166,17 +190,18 @@ impl Daemon {
                 daemon.addr = socket_addr(&daemon.listening, "addr")
                     .unwrap_or_else(|| panic!("listening line without addr: {}", daemon.listening));
                 daemon.metrics_addr = socket_addr(&daemon.listening, "metrics_addr");
-                daemon
+                Ok(daemon)
             }
             Ok(None) => {
                 let status = daemon.wait_exit();
-                panic!(
-                    "plimsolld exited ({status}) before listening; its log:\n{}",
-                    daemon.logs().join("\n")
-                )
+                Err(Finished {
+                    status,
+                    stdout: String::new(),
+                    stderr: daemon.logs().join("\n"),
+                })
             }
             Err(_) => panic!(
-                "plimsolld did not log `{LISTENING}` within {START_TIMEOUT:?}; its log:\n{}",
+                "plimsolld neither listened nor exited within {START_TIMEOUT:?}; its log:\n{}",
                 daemon.logs().join("\n")
             ),
         }

@@ -57,7 +57,7 @@ pub async fn serve<S>(
         .http1()
         .timer(TokioTimer::new())
         .header_read_timeout(READ_HEADER_TIMEOUT)
-        .max_buf_size(MAX_HEADER_BYTES.max(8192) * 2);
+        .max_buf_size(MAX_HEADER_BYTES);
     builder
         .http2()
         .timer(TokioTimer::new())

@@ -13,6 +13,7 @@ use plimsoll::refusal::{NOT_DISPATCHED_TYPE, Reason, Refusal, internal_error};
 use plimsoll::tier::IsolationTier;
 use plimsoll::wire;
 
+use crate::admission::Admission;
 use crate::auth::Principal;
 use crate::metrics::Metrics;
 use crate::provider::{Provider, ProviderError, Resources};
@@ -30,6 +31,8 @@ pub struct State {
     pub resources: Resources,
     /// Counters for the metrics listener.
     pub metrics: Arc<Metrics>,
+    /// Run caps, per-caller caps and rate limits.
+    pub admission: Arc<Admission>,
 }
 
 impl State {

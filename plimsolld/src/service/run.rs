@@ -44,7 +44,8 @@ pub(super) async fn handle(
         _ => description.javascript.software_identity,
     };
     check_software(rule, &identity)?;
-    // 8: admission arrives with the admission issue; nothing is queued here.
+    // 8: admission; sheds at once, never queues.
+    let permit = state.admission.admit(principal.audit_key())?;
     // 9: dispatch.
     let Some(run_request::Payload::Javascript(js)) = req.payload.as_ref() else {
         return Err(state.provider.unsupported(kind).into());
@@ -54,13 +55,20 @@ pub(super) async fn handle(
         state.provider.default_timeout_ms(),
         description.javascript.max_timeout_ms,
     );
-    let outcome = state
-        .provider
-        .run_snippet(SnippetRun {
-            code: js.code.clone(),
-            timeout: Duration::from_millis(u64::from(timeout_ms)),
-        })
-        .await;
+    let run = SnippetRun {
+        code: js.code.clone(),
+        timeout: Duration::from_millis(u64::from(timeout_ms)),
+    };
+    // The run lives in its own task holding the permit: if the caller goes
+    // away, the sandbox still runs to its end and only then frees the slot.
+    let provider = state.provider.clone();
+    let outcome = tokio::spawn(async move {
+        let outcome = provider.run_snippet(run).await;
+        drop(permit);
+        outcome
+    })
+    .await
+    .map_err(|e| super::internal(&format!("run task failed: {e}")))?;
     // A provider's own refusal ran nothing, so it is not counted as a run.
     if !matches!(outcome, Err(ProviderError::Refused(_))) {
         state.metrics.run_dispatched();

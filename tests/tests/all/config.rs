@@ -25,24 +25,11 @@ const DOCUMENTED: [&str; 12] = [
 /// Starts `plimsolld` with `env` (ephemeral loopback listeners unless overridden) and
 /// expects it to refuse: exit 1 without ever listening.
 fn refused_start(env: &[(&str, &str)]) -> Finished {
-    let mut full = vec![
-        ("PLIMSOLL_ADDR", "127.0.0.1:0"),
-        ("PLIMSOLL_METRICS_ADDR", "127.0.0.1:0"),
-    ];
-    for (k, v) in env {
-        full.retain(|(n, _)| n != k);
-        full.push((k, v));
-    }
-    let out = finish("plimsolld", &[], &full, b"");
+    let out = Daemon::refuse(env);
     assert_eq!(
         out.code(),
         1,
         "startup must fail with exit 1 for {env:?}:\n{}",
-        out.stderr
-    );
-    assert!(
-        !out.stderr.contains("plimsolld listening"),
-        "a refused configuration never serves:\n{}",
         out.stderr
     );
     out
@@ -54,13 +41,17 @@ fn is_error(record: &Value) -> bool {
         .is_some_and(|l| l.eq_ignore_ascii_case("error"))
 }
 
+/// Whether an error-level JSON log line mentions `needle` (in any field).
+fn has_error_line(out: &Finished, needle: &str) -> bool {
+    out.log_records()
+        .iter()
+        .any(|r| is_error(r) && r.to_string().contains(needle))
+}
+
 /// Asserts one error-level JSON log line mentions `needle` (in any field).
 fn assert_error_line(out: &Finished, needle: &str) {
-    let records = out.log_records();
     assert!(
-        records
-            .iter()
-            .any(|r| is_error(r) && r.to_string().contains(needle)),
+        has_error_line(out, needle),
         "no error log line mentions {needle:?}:\n{}",
         out.stderr
     );
@@ -141,6 +132,7 @@ fn token_of_32_visible_characters_is_accepted() {
 
 #[test]
 fn bad_integers_booleans_and_addresses_are_fatal_and_named() {
+    let mut problems = Vec::new();
     for (var, value) in [
         ("SANDBOX_MAX_CONCURRENT", "abc"),
         ("SANDBOX_RATE_PER_MIN", "1e3"),
@@ -149,9 +141,21 @@ fn bad_integers_booleans_and_addresses_are_fatal_and_named() {
         ("PLIMSOLL_METRICS_ADDR", "9464"),
         ("PLIMSOLL_METRICS_ADDR", "127.0.0.1"),
     ] {
-        let out = refused_start(&[(var, value)]);
-        assert_error_line(&out, var);
+        match Daemon::launch(&[(var, value)]) {
+            Ok(_) => problems.push(format!("{var}={value:?}: served instead of refusing")),
+            Err(out) if out.code() != 1 => {
+                problems.push(format!("{var}={value:?}: exit {}", out.status))
+            }
+            Err(out) if !has_error_line(&out, var) => {
+                problems.push(format!(
+                    "{var}={value:?}: no error line names it:\n{}",
+                    out.stderr
+                ));
+            }
+            Err(_) => {}
+        }
     }
+    assert!(problems.is_empty(), "{}", problems.join("\n"));
 }
 
 #[test]
@@ -279,8 +283,13 @@ fn sigterm_drains_and_exits_0() {
     );
 }
 
+/// The handlers are in place by the time the listening line is logged: a supervisor
+/// that stops the daemon as soon as it listens still gets a clean exit.
 #[test]
-fn sigterm_exits_0_with_auth_on() {
-    let mut d = Daemon::with_token(&fresh_token());
-    assert_eq!(d.sigterm().code(), Some(0));
+fn sigterm_right_after_the_listening_line_exits_0() {
+    for _ in 0..3 {
+        let mut d = Daemon::with_token(&fresh_token());
+        let status = d.sigterm();
+        assert_eq!(status.code(), Some(0), "{status}\n{}", d.logs().join("\n"));
+    }
 }

@@ -1,0 +1,190 @@
+//! The admission limits (config.md §2.8): the run cap after the memory clamp,
+//! the per-caller cap and the per-caller token bucket. The daemon's
+//! `admission` module enforces what this computes.
+
+use super::env::{
+    ENV_PAID_SECONDS_PER_DAY, ENV_PER_KEY_CONCURRENT, ENV_RATE_BURST, ENV_RATE_PER_MIN,
+    ENV_TOTAL_MEMORY_MB,
+};
+use super::{ConfigProblem, ProviderKind, Reader};
+
+/// Per-run memory charged against `SANDBOX_TOTAL_MEMORY_MB` when
+/// `SANDBOX_MEMORY_MB` is unset.
+pub const DEFAULT_PER_RUN_MEMORY_MB: u32 = 256;
+/// Default `SANDBOX_RATE_PER_MIN`.
+pub const DEFAULT_RATE_PER_MIN: u32 = 30;
+
+/// The limits admission enforces.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Limits {
+    /// Runs in flight across all callers, after the memory clamp.
+    pub max_concurrent: u32,
+    /// Runs in flight per caller; 0 = no per-caller cap.
+    pub per_key_concurrent: u32,
+    /// Token-bucket refill in runs per minute; 0 = no rate limit.
+    pub rate_per_min: u32,
+    /// Token-bucket capacity (already resolved: 0 in the environment means the rate).
+    pub rate_burst: u32,
+    /// The host memory budget in MiB; 0 = none.
+    pub total_memory_mb: u32,
+    /// What one run is charged against the budget, in MiB.
+    pub per_run_memory_mb: u32,
+    /// Whether the memory budget lowered `SANDBOX_MAX_CONCURRENT`.
+    pub clamped: bool,
+}
+
+impl Reader<'_> {
+    /// Reads the admission variables; `max_concurrent` is the already-checked
+    /// `SANDBOX_MAX_CONCURRENT`, `memory_mb` the per-run `SANDBOX_MEMORY_MB`.
+    pub(super) fn limits(
+        &mut self,
+        provider: Option<ProviderKind>,
+        memory_mb: u32,
+        max_concurrent: u32,
+    ) -> Limits {
+        let total = self.integer(ENV_TOTAL_MEMORY_MB, 0);
+        let per_run = if memory_mb > 0 {
+            memory_mb
+        } else {
+            DEFAULT_PER_RUN_MEMORY_MB
+        };
+        let mut max = max_concurrent;
+        let mut clamped = false;
+        if total > 0 {
+            let fit = total / per_run;
+            if fit < 1 {
+                self.problems.push(ConfigProblem::MemoryBudget {
+                    reason: format!(
+                        "cannot fit even one {per_run} MiB run in SANDBOX_TOTAL_MEMORY_MB={total}"
+                    ),
+                });
+            } else if fit < max {
+                max = fit;
+                clamped = true;
+            }
+        }
+        let per_key_default = (max / 2).max(1);
+        let per_key = self.integer(ENV_PER_KEY_CONCURRENT, per_key_default);
+        if per_key > max {
+            self.problems.push(ConfigProblem::IntegerOutOfRange {
+                var: ENV_PER_KEY_CONCURRENT,
+                value: per_key.to_string(),
+                min: 0,
+                max: i64::from(max),
+            });
+        }
+        let rate = self.integer(ENV_RATE_PER_MIN, DEFAULT_RATE_PER_MIN);
+        let burst = match self.integer(ENV_RATE_BURST, 0) {
+            0 => rate,
+            b => b,
+        };
+        let paid = self.integer(ENV_PAID_SECONDS_PER_DAY, 0);
+        if paid > 0 {
+            // No metered provider is built into this daemon yet.
+            self.problems.push(ConfigProblem::UnsupportedByProvider {
+                var: ENV_PAID_SECONDS_PER_DAY,
+                value: paid,
+                provider: provider.unwrap_or(ProviderKind::Disabled),
+            });
+        }
+        Limits {
+            max_concurrent: max,
+            per_key_concurrent: per_key,
+            rate_per_min: rate,
+            rate_burst: burst,
+            total_memory_mb: total,
+            per_run_memory_mb: per_run,
+            clamped,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::HashMap;
+
+    use super::super::Config;
+
+    fn config(vars: &[(&str, &str)]) -> Result<Config, super::super::ConfigError> {
+        let env: HashMap<String, String> = vars
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        Config::from_env(&env)
+    }
+
+    #[test]
+    fn defaults_are_eight_four_thirty_thirty() {
+        let c = config(&[]).unwrap();
+        assert_eq!(
+            (
+                c.limits.max_concurrent,
+                c.limits.per_key_concurrent,
+                c.limits.rate_per_min,
+                c.limits.rate_burst
+            ),
+            (8, 4, 30, 30)
+        );
+        assert!(!c.limits.clamped);
+    }
+
+    #[test]
+    fn memory_budget_clamps_the_cap_and_the_per_key_default_follows() {
+        let c = config(&[("SANDBOX_TOTAL_MEMORY_MB", "1024")]).unwrap();
+        assert_eq!(c.limits.max_concurrent, 4);
+        assert_eq!(c.max_concurrent, 4);
+        assert_eq!(c.limits.per_key_concurrent, 2);
+        assert!(c.limits.clamped);
+    }
+
+    #[test]
+    fn a_run_larger_than_the_budget_is_fatal() {
+        let err = config(&[
+            ("SANDBOX_TOTAL_MEMORY_MB", "1024"),
+            ("SANDBOX_MEMORY_MB", "2048"),
+        ])
+        .unwrap_err();
+        assert!(
+            err.to_string().contains("cannot fit even one 2048 MiB run"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn burst_zero_means_the_rate() {
+        let c = config(&[("SANDBOX_RATE_PER_MIN", "10"), ("SANDBOX_RATE_BURST", "0")]).unwrap();
+        assert_eq!(c.limits.rate_burst, 10);
+    }
+
+    #[test]
+    fn per_key_above_the_cap_is_fatal_and_zero_means_none() {
+        let err = config(&[("SANDBOX_PER_KEY_CONCURRENT", "9")]).unwrap_err();
+        assert!(
+            err.to_string().contains("SANDBOX_PER_KEY_CONCURRENT"),
+            "{err}"
+        );
+        let c = config(&[("SANDBOX_PER_KEY_CONCURRENT", "0")]).unwrap();
+        assert_eq!(c.limits.per_key_concurrent, 0);
+    }
+
+    #[test]
+    fn unparseable_limits_fail_closed() {
+        for (var, bad) in [
+            ("SANDBOX_RATE_PER_MIN", "1e3"),
+            ("SANDBOX_RATE_BURST", "0x10"),
+            ("SANDBOX_TOTAL_MEMORY_MB", "-1"),
+        ] {
+            let err = config(&[(var, bad)]).unwrap_err();
+            assert!(err.to_string().contains(var), "{var}={bad}: {err}");
+        }
+    }
+
+    #[test]
+    fn paid_seconds_are_refused_without_a_metered_provider() {
+        let err = config(&[("SANDBOX_PAID_SECONDS_PER_DAY", "60")]).unwrap_err();
+        assert!(
+            err.to_string().contains("SANDBOX_PAID_SECONDS_PER_DAY"),
+            "{err}"
+        );
+    }
+}
