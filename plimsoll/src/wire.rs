@@ -26,3 +26,23 @@ pub const PROCEDURES: [&str; 5] = [
     "SessionRun",
     "CloseSession",
 ];
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// wire.md §5.6: doubles survive proto3 JSON bit for bit, or request and
+    /// result digests computed on either side of the wire disagree.
+    #[test]
+    fn json_doubles_decode_to_the_exact_value_sent() {
+        for text in ["2.5e57", "985.6906946328695", "1e-30", "0.1", "5e-324", "1.7976931348623157e308"] {
+            let json = format!(r#"{{"protocol":4,"module":{{"rows":[{{"values":[{text}]}}]}}}}"#);
+            let req: RunRequest = serde_json::from_str(&json).expect("decodes");
+            let Some(run_request::Payload::Module(m)) = req.payload else {
+                panic!("module payload expected");
+            };
+            let want: f64 = text.parse().expect("literal");
+            assert_eq!(m.rows[0].values[0].to_bits(), want.to_bits(), "{text}");
+        }
+    }
+}

@@ -157,7 +157,10 @@ fn as_session_run(req: &RunRequest) -> Option<SessionRunRequest> {
 /// A digest is lowercase hex SHA-256: 64 digits of `[0-9a-f]`.
 pub fn assert_digest(digest: &str) {
     assert!(
-        digest.len() == 64 && digest.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f')),
+        digest.len() == 64
+            && digest
+                .bytes()
+                .all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f')),
         "digest {digest:?} is not 64 lowercase hex digits"
     );
 }
