@@ -2,45 +2,28 @@
 //! is read (wire.md §2). The principal rides in the request's extensions to
 //! the handler, which re-checks that it is there.
 
-use std::convert::Infallible;
 use std::sync::Arc;
-use std::task::{Context, Poll};
-
-use tower::Service;
 
 use super::exchange::Exchange;
-use super::{HttpRequest, HttpResponse, Inner, ResponseFuture, call, refuse};
+use super::{HttpRequest, Inner, ResponseFuture, Step, answer, pass, refuse};
 use crate::auth::{FailureLog, SCOPE_RUN, Verifier, authorize};
 
-/// The authentication layer.
+/// The authentication step.
 #[derive(Clone)]
-pub struct Authenticate<S> {
-    inner: S,
+pub struct Authenticate {
     verifier: Arc<Verifier>,
     failures: Arc<FailureLog>,
 }
 
-impl<S> Authenticate<S> {
-    /// Wraps `inner`.
-    pub fn new(inner: S, verifier: Arc<Verifier>, failures: Arc<FailureLog>) -> Self {
-        Authenticate {
-            inner,
-            verifier,
-            failures,
-        }
+impl Authenticate {
+    /// Checks callers with `verifier`, counting failures in `failures`.
+    pub fn new(verifier: Arc<Verifier>, failures: Arc<FailureLog>) -> Self {
+        Authenticate { verifier, failures }
     }
 }
 
-impl<S: Inner> Service<HttpRequest> for Authenticate<S> {
-    type Response = HttpResponse;
-    type Error = Infallible;
-    type Future = ResponseFuture;
-
-    fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
-        Poll::Ready(Ok(()))
-    }
-
-    fn call(&mut self, mut req: HttpRequest) -> ResponseFuture {
+impl Step for Authenticate {
+    fn handle<S: Inner>(&self, mut req: HttpRequest, next: S) -> ResponseFuture {
         let exchange = Exchange::of(req.extensions());
         let checked = self
             .verifier
@@ -51,13 +34,9 @@ impl<S: Inner> Service<HttpRequest> for Authenticate<S> {
             Ok(principal) => {
                 exchange.set_caller(principal.audit_key());
                 req.extensions_mut().insert(principal);
-                let inner = self.inner.clone();
-                Box::pin(async move { Ok(call(&inner, req).await) })
+                pass(next, req)
             }
-            Err(refusal) => {
-                let resp: HttpResponse = refuse(req.headers(), &exchange, refusal);
-                Box::pin(async move { Ok(resp) })
-            }
+            Err(refusal) => answer(refuse(req.headers(), &exchange, refusal)),
         }
     }
 }

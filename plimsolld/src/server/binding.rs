@@ -6,33 +6,21 @@
 //!   a procedure was reached: `unsupported` for a 404, `request` otherwise;
 //! - one audit line per request: caller, path, outcome, reason, duration.
 
-use std::convert::Infallible;
-use std::task::{Context, Poll};
 use std::time::Instant;
 
 use http::{HeaderMap, HeaderValue, StatusCode};
-use tower::Service;
 
 use super::exchange::Exchange;
-use super::{HttpRequest, HttpResponse, Inner, ResponseFuture, call};
+use super::{HttpRequest, Inner, ResponseFuture, Step, call};
 
 /// The request-id header.
 pub const REQUEST_ID: &str = "plimsoll-request-id";
 /// The not-dispatched header.
 pub const NOT_DISPATCHED: &str = "plimsoll-not-dispatched";
 
-/// The binding layer.
+/// The binding step.
 #[derive(Clone)]
-pub struct Binding<S> {
-    inner: S,
-}
-
-impl<S> Binding<S> {
-    /// Wraps `inner`.
-    pub fn new(inner: S) -> Self {
-        Binding { inner }
-    }
-}
+pub struct Binding;
 
 /// The request id to echo: exactly one value of exactly 32 `[0-9a-f]`.
 pub fn echoable_request_id(headers: &HeaderMap) -> Option<HeaderValue> {
@@ -46,24 +34,15 @@ pub fn echoable_request_id(headers: &HeaderMap) -> Option<HeaderValue> {
         .then(|| first.clone())
 }
 
-impl<S: Inner> Service<HttpRequest> for Binding<S> {
-    type Response = HttpResponse;
-    type Error = Infallible;
-    type Future = ResponseFuture;
-
-    fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
-        Poll::Ready(Ok(()))
-    }
-
-    fn call(&mut self, mut req: HttpRequest) -> ResponseFuture {
+impl Step for Binding {
+    fn handle<S: Inner>(&self, mut req: HttpRequest, next: S) -> ResponseFuture {
         let started = Instant::now();
         let request_id = echoable_request_id(req.headers());
         let exchange = Exchange::default();
         req.extensions_mut().insert(exchange.clone());
         let path = req.uri().path().to_owned();
-        let inner = self.inner.clone();
         Box::pin(async move {
-            let mut resp = call(&inner, req).await;
+            let mut resp = call(&next, req).await;
             // An answer written after the handler ran is the handler's to mark;
             // only the transport's own refusals get the header.
             exchange.release_slot();

@@ -7,15 +7,12 @@
 //! handler drops it as soon as the message is decoded, so a long run holds none.
 
 use std::collections::HashMap;
-use std::convert::Infallible;
 use std::sync::{Arc, Mutex};
-use std::task::{Context, Poll};
 
 use plimsoll::refusal::Refusal;
-use tower::Service;
 
 use super::exchange::Exchange;
-use super::{HttpRequest, HttpResponse, Inner, ResponseFuture, call, refuse};
+use super::{HttpRequest, Inner, ResponseFuture, Step, answer, pass, refuse};
 use crate::auth::Principal;
 
 /// The refusal's message, as wire.md words it.
@@ -84,30 +81,21 @@ impl Drop for DecodePermit {
     }
 }
 
-/// The decode-gate layer.
+/// The decode-gate step.
 #[derive(Clone)]
-pub struct DecodeGate<S> {
-    inner: S,
+pub struct DecodeGate {
     gate: Arc<Gate>,
 }
 
-impl<S> DecodeGate<S> {
-    /// Wraps `inner`.
-    pub fn new(inner: S, gate: Arc<Gate>) -> Self {
-        DecodeGate { inner, gate }
+impl DecodeGate {
+    /// Admits bodies through `gate`.
+    pub fn new(gate: Arc<Gate>) -> Self {
+        DecodeGate { gate }
     }
 }
 
-impl<S: Inner> Service<HttpRequest> for DecodeGate<S> {
-    type Response = HttpResponse;
-    type Error = Infallible;
-    type Future = ResponseFuture;
-
-    fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
-        Poll::Ready(Ok(()))
-    }
-
-    fn call(&mut self, req: HttpRequest) -> ResponseFuture {
+impl Step for DecodeGate {
+    fn handle<S: Inner>(&self, req: HttpRequest, next: S) -> ResponseFuture {
         let exchange = Exchange::of(req.extensions());
         let caller = req
             .extensions()
@@ -117,17 +105,13 @@ impl<S: Inner> Service<HttpRequest> for DecodeGate<S> {
         match self.gate.try_acquire(&caller) {
             Some(permit) => {
                 exchange.hold_slot(permit);
-                let inner = self.inner.clone();
-                Box::pin(async move { Ok(call(&inner, req).await) })
+                pass(next, req)
             }
-            None => {
-                let resp: HttpResponse = refuse(
-                    req.headers(),
-                    &exchange,
-                    Refusal::AtCapacity(SHED_MESSAGE.to_owned()),
-                );
-                Box::pin(async move { Ok(resp) })
-            }
+            None => answer(refuse(
+                req.headers(),
+                &exchange,
+                Refusal::AtCapacity(SHED_MESSAGE.to_owned()),
+            )),
         }
     }
 }

@@ -74,6 +74,56 @@ impl<S> Inner for S where
 {
 }
 
+/// One step of the pipeline: it looks at a request and either answers it
+/// itself or hands it on to `next`, the rest of the pipeline.
+pub trait Step: Clone + Send + Sync + 'static {
+    /// Handles `req`.
+    fn handle<S: Inner>(&self, req: HttpRequest, next: S) -> ResponseFuture;
+}
+
+/// A [`Step`] wrapped around the rest of the pipeline: the tower service each
+/// layer becomes.
+#[derive(Clone)]
+pub struct Layered<T, S> {
+    step: T,
+    next: S,
+}
+
+impl<T: Step, S: Inner> Service<HttpRequest> for Layered<T, S> {
+    type Response = HttpResponse;
+    type Error = Infallible;
+    type Future = ResponseFuture;
+
+    fn poll_ready(
+        &mut self,
+        _cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Result<(), Infallible>> {
+        std::task::Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, req: HttpRequest) -> ResponseFuture {
+        self.step.handle(req, self.next.clone())
+    }
+}
+
+/// Wraps `step` around whatever comes next: `ServiceBuilder::layer_fn(layer(step))`.
+pub fn layer<T: Step, S>(step: T) -> impl Fn(S) -> Layered<T, S> {
+    move |next| Layered {
+        step: step.clone(),
+        next,
+    }
+}
+
+/// Answers without going further.
+pub fn answer(resp: HttpResponse) -> ResponseFuture {
+    Box::pin(async move { Ok(resp) })
+}
+
+/// Hands `req` on to the rest of the pipeline.
+pub fn pass<S: Inner>(next: S, req: HttpRequest) -> ResponseFuture {
+    Box::pin(async move { Ok(call(&next, req).await) })
+}
+
 /// Calls `inner` with `req` (the services here are always ready).
 pub fn call<S: Inner>(inner: &S, req: HttpRequest) -> impl Future<Output = HttpResponse> + Send {
     let svc = inner.clone();
@@ -156,10 +206,13 @@ impl Service<HttpRequest> for ConnectInner {
 
 /// The whole pipeline as one service over hyper's request body.
 pub type Stack = unread_body::UnreadBody<
-    binding::Binding<
-        routing::Routing<
-            authenticate::Authenticate<
-                body_limit::BodyLimit<decode_gate::DecodeGate<ConnectInner>>,
+    Layered<
+        binding::Binding,
+        Layered<
+            routing::Routing,
+            Layered<
+                authenticate::Authenticate,
+                Layered<body_limit::BodyLimit, Layered<decode_gate::DecodeGate, ConnectInner>>,
             >,
         >,
     >,
@@ -181,20 +234,16 @@ impl Pipeline {
         let auth_on = self.verifier.is_on();
         ServiceBuilder::new()
             .layer_fn(unread_body::UnreadBody::new)
-            .layer_fn(binding::Binding::new)
-            .layer_fn(move |inner| routing::Routing::new(inner, probes.clone(), auth_on))
-            .layer_fn({
-                let verifier = self.verifier.clone();
-                let failures = Arc::new(FailureLog::new());
-                move |inner| {
-                    authenticate::Authenticate::new(inner, verifier.clone(), failures.clone())
-                }
-            })
-            .layer_fn(body_limit::BodyLimit::new)
-            .layer_fn({
-                let gate = Arc::new(decode_gate::Gate::new(self.decode_slots));
-                move |inner| decode_gate::DecodeGate::new(inner, gate.clone())
-            })
+            .layer_fn(layer(binding::Binding))
+            .layer_fn(layer(routing::Routing::new(probes, auth_on)))
+            .layer_fn(layer(authenticate::Authenticate::new(
+                self.verifier.clone(),
+                Arc::new(FailureLog::new()),
+            )))
+            .layer_fn(layer(body_limit::BodyLimit))
+            .layer_fn(layer(decode_gate::DecodeGate::new(Arc::new(
+                decode_gate::Gate::new(self.decode_slots),
+            ))))
             .service(connect)
     }
 }

@@ -5,35 +5,28 @@
 //! authentication on, any other path under the service prefix is refused
 //! `permission_denied` (fail closed); every other path is a plain 404.
 
-use std::convert::Infallible;
 use std::sync::Arc;
-use std::task::{Context, Poll};
 
 use http::StatusCode;
 use plimsoll::refusal::Refusal;
 use plimsoll::wire::{PROCEDURES, SERVICE_PREFIX};
-use tower::Service;
 
 use super::exchange::Exchange;
 use super::probes::Probes;
-use super::{HttpRequest, HttpResponse, Inner, ResponseFuture, call, refuse, text};
+use super::{HttpRequest, Inner, ResponseFuture, Step, call, refuse, text};
 
-/// The routing layer.
+/// The routing step.
 #[derive(Clone)]
-pub struct Routing<S> {
-    inner: S,
+pub struct Routing {
     probes: Arc<Probes>,
     auth_on: bool,
 }
 
-impl<S> Routing<S> {
-    /// Wraps `inner`; `auth_on` decides how unknown procedures are refused.
-    pub fn new(inner: S, probes: Arc<Probes>, auth_on: bool) -> Self {
-        Routing {
-            inner,
-            probes,
-            auth_on,
-        }
+impl Routing {
+    /// Routes with `probes` for `/readyz`; `auth_on` decides how unknown
+    /// procedures are refused.
+    pub fn new(probes: Arc<Probes>, auth_on: bool) -> Self {
+        Routing { probes, auth_on }
     }
 }
 
@@ -59,17 +52,8 @@ fn route(path: &str) -> Route {
     }
 }
 
-impl<S: Inner> Service<HttpRequest> for Routing<S> {
-    type Response = HttpResponse;
-    type Error = Infallible;
-    type Future = ResponseFuture;
-
-    fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
-        Poll::Ready(Ok(()))
-    }
-
-    fn call(&mut self, req: HttpRequest) -> ResponseFuture {
-        let inner = self.inner.clone();
+impl Step for Routing {
+    fn handle<S: Inner>(&self, req: HttpRequest, next: S) -> ResponseFuture {
         let probes = self.probes.clone();
         let auth_on = self.auth_on;
         Box::pin(async move {
@@ -82,7 +66,7 @@ impl<S: Inner> Service<HttpRequest> for Routing<S> {
                         text(StatusCode::SERVICE_UNAVAILABLE, "not ready\n")
                     }
                 }
-                Route::Procedure => call(&inner, req).await,
+                Route::Procedure => call(&next, req).await,
                 Route::UnknownProcedure if auth_on => refuse(
                     req.headers(),
                     &Exchange::of(req.extensions()),
