@@ -19,5 +19,6 @@ mod limits;
 mod metrics;
 mod probes;
 mod protocol;
+mod tls;
 mod transport;
 mod validation;
