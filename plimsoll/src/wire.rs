@@ -35,7 +35,14 @@ mod tests {
     /// result digests computed on either side of the wire disagree.
     #[test]
     fn json_doubles_decode_to_the_exact_value_sent() {
-        for text in ["2.5e57", "985.6906946328695", "1e-30", "0.1", "5e-324", "1.7976931348623157e308"] {
+        for text in [
+            "2.5e57",
+            "985.6906946328695",
+            "1e-30",
+            "0.1",
+            "5e-324",
+            "1.7976931348623157e308",
+        ] {
             let json = format!(r#"{{"protocol":4,"module":{{"rows":[{{"values":[{text}]}}]}}}}"#);
             let req: RunRequest = serde_json::from_str(&json).expect("decodes");
             let Some(run_request::Payload::Module(m)) = req.payload else {

@@ -119,20 +119,11 @@ pub async fn run(config: Config) -> Result<(), StartupError> {
         evidence = %evidence.detail,
         "sandbox provider ready"
     );
-    // 17: the floor against the proven tier.
-    if let Some(floor) = &config.min_isolation {
-        let parsed = Floor::parse(floor).unwrap_or(Floor::NONE);
-        if parsed.tier().is_none() || !parsed.is_met_by(evidence.tier) {
-            return Err(StartupError::BelowFloor {
-                floor: floor.clone(),
-                proven: evidence.tier,
-            });
-        }
-    }
-    // 20: second hardened pass, with the proven tier.
-    if config.hardened {
-        enforce_hardened(&config, Some(evidence.tier.as_str()))?;
-        tracing::info!("hardened mode: production policy verified and enforced");
+    // 17 and 20: the floor and the second hardened pass, against the proven
+    // tier. A refusal here still lets the provider clean up what the proof made.
+    if let Err(e) = after_proof(&config, evidence.tier) {
+        provider.drain(Duration::from_secs(30)).await;
+        return Err(e);
     }
     // 21: serve.
     let metrics = Arc::new(Metrics::default());
@@ -200,6 +191,25 @@ pub async fn run(config: Config) -> Result<(), StartupError> {
         let _ = tokio::time::timeout(Duration::from_secs(10), t).await;
     }
     tracing::info!("plimsolld stopped");
+    Ok(())
+}
+
+/// The checks that need the proven tier: `SANDBOX_MIN_ISOLATION` (step 17)
+/// and the second hardened-mode pass (step 20).
+fn after_proof(config: &Config, proven: IsolationTier) -> Result<(), StartupError> {
+    if let Some(floor) = &config.min_isolation {
+        let parsed = Floor::parse(floor).unwrap_or(Floor::NONE);
+        if parsed.tier().is_none() || !parsed.is_met_by(proven) {
+            return Err(StartupError::BelowFloor {
+                floor: floor.clone(),
+                proven,
+            });
+        }
+    }
+    if config.hardened {
+        enforce_hardened(config, Some(proven.as_str()))?;
+        tracing::info!("hardened mode: production policy verified and enforced");
+    }
     Ok(())
 }
 

@@ -55,7 +55,7 @@ impl Reader<'_> {
             if fit < 1 {
                 self.problems.push(ConfigProblem::MemoryBudget {
                     reason: format!(
-                        "cannot fit even one {per_run} MiB run in SANDBOX_TOTAL_MEMORY_MB={total}"
+                        "cannot fit even one {per_run} MiB run (SANDBOX_MEMORY_MB, 256 when unset) in SANDBOX_TOTAL_MEMORY_MB={total}"
                     ),
                 });
             } else if fit < max {

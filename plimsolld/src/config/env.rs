@@ -43,6 +43,32 @@ pub const ENV_PIDS: &str = "SANDBOX_PIDS";
 pub const ENV_DISK_MB: &str = "SANDBOX_DISK_MB";
 /// Global cap on runs in flight, in `[1, 1024]`.
 pub const ENV_MAX_CONCURRENT: &str = "SANDBOX_MAX_CONCURRENT";
+/// Host memory budget in MiB for all runs at once; 0 = off.
+pub const ENV_TOTAL_MEMORY_MB: &str = "SANDBOX_TOTAL_MEMORY_MB";
+/// Runs in flight per caller; default `max(1, max_concurrent / 2)`; 0 = no per-caller cap.
+pub const ENV_PER_KEY_CONCURRENT: &str = "SANDBOX_PER_KEY_CONCURRENT";
+/// Per-caller token-bucket refill, runs per minute; 0 = no rate limit.
+pub const ENV_RATE_PER_MIN: &str = "SANDBOX_RATE_PER_MIN";
+/// Per-caller token-bucket capacity; 0 means the same as the rate.
+pub const ENV_RATE_BURST: &str = "SANDBOX_RATE_BURST";
+/// Daemon-wide daily allowance of paid VM seconds; only metered providers accept it.
+pub const ENV_PAID_SECONDS_PER_DAY: &str = "SANDBOX_PAID_SECONDS_PER_DAY";
+/// docker: the snippet image (a tag or a content id); runs use the id inspected at startup.
+pub const ENV_DOCKER_IMAGE: &str = "SANDBOX_DOCKER_IMAGE";
+/// docker: the project and session image.
+pub const ENV_DOCKER_PROJECT_IMAGE: &str = "SANDBOX_DOCKER_PROJECT_IMAGE";
+/// docker: the OCI runtime; `runsc` (gVisor) for the kernel tier, empty for runc.
+pub const ENV_DOCKER_RUNTIME: &str = "SANDBOX_DOCKER_RUNTIME";
+/// docker: a seccomp profile path, `unconfined` or `default`; empty keeps docker's default.
+pub const ENV_DOCKER_SECCOMP: &str = "SANDBOX_DOCKER_SECCOMP";
+/// docker: the guest uid and gid, default 61000.
+pub const ENV_GUEST_UID: &str = "SANDBOX_GUEST_UID";
+/// Strict boolean: every image must be pinned by digest or content id.
+pub const ENV_REQUIRE_PINNED_IMAGES: &str = "SANDBOX_REQUIRE_PINNED_IMAGES";
+/// docker: the Engine endpoint; only `unix://` (or an absolute socket path) is accepted.
+pub const ENV_DOCKER_HOST: &str = "DOCKER_HOST";
+/// docker: a CLI context name; refused unless empty or `default` (contexts are not read).
+pub const ENV_DOCKER_CONTEXT: &str = "DOCKER_CONTEXT";
 
 // === Defaults and limits ===
 
@@ -55,6 +81,15 @@ pub const DEFAULT_METRICS_ADDR: &str = "127.0.0.1:9464";
 pub const DEFAULT_MAX_CONCURRENT: u32 = 8;
 /// Largest accepted [`ENV_MAX_CONCURRENT`].
 pub const MAX_CONCURRENT_LIMIT: u32 = 1024;
+/// Default for [`ENV_DOCKER_IMAGE`]: the snippet image `images/build` makes (no registry is
+/// reachable, so upstream's `node:22-alpine` cannot be pulled).
+pub const DEFAULT_DOCKER_IMAGE: &str = "plimsoll/sandbox-node:latest";
+/// Default for [`ENV_DOCKER_PROJECT_IMAGE`]: the project image `images/build` makes.
+pub const DEFAULT_DOCKER_PROJECT_IMAGE: &str = "plimsoll/sandbox:latest";
+/// Default for [`ENV_GUEST_UID`].
+pub const DEFAULT_GUEST_UID: u32 = 61_000;
+/// Default for [`ENV_DOCKER_HOST`].
+pub const DEFAULT_DOCKER_SOCKET: &str = "/var/run/docker.sock";
 
 // === The table ===
 
@@ -65,6 +100,8 @@ pub enum HelpGroup {
     Provider,
     /// Listeners, authentication, transport and policy.
     Listeners,
+    /// The docker provider's settings.
+    Docker,
     /// Per-run envelope and admission limits.
     Limits,
 }
@@ -194,6 +231,84 @@ pub const VARIABLES: &[Variable] = &[
         "runs in flight across all callers, 1 to 1024",
         HelpGroup::Limits,
     ),
+    var(
+        ENV_TOTAL_MEMORY_MB,
+        "0 (no memory budget)",
+        "host memory budget in MiB; lowers the run cap to what fits",
+        HelpGroup::Limits,
+    ),
+    var(
+        ENV_PER_KEY_CONCURRENT,
+        "max(1, cap/2)",
+        "runs in flight per caller; 0 = no per-caller cap",
+        HelpGroup::Limits,
+    ),
+    var(
+        ENV_RATE_PER_MIN,
+        "30",
+        "per-caller runs per minute (token bucket); 0 = off",
+        HelpGroup::Limits,
+    ),
+    var(
+        ENV_RATE_BURST,
+        "= rate",
+        "per-caller bucket size; 0 means the rate",
+        HelpGroup::Limits,
+    ),
+    var(
+        ENV_PAID_SECONDS_PER_DAY,
+        "0 (none)",
+        "daily paid VM seconds; metered providers only",
+        HelpGroup::Limits,
+    ),
+    var(
+        ENV_DOCKER_IMAGE,
+        DEFAULT_DOCKER_IMAGE,
+        "snippet image; runs start the content id inspected at startup",
+        HelpGroup::Docker,
+    ),
+    var(
+        ENV_DOCKER_PROJECT_IMAGE,
+        DEFAULT_DOCKER_PROJECT_IMAGE,
+        "project image (node, python3, sh); inspected and proven at startup",
+        HelpGroup::Docker,
+    ),
+    var(
+        ENV_DOCKER_RUNTIME,
+        "unset (runc)",
+        "runsc for gVisor (tier kernel, must be registered with --host-uds=open)",
+        HelpGroup::Docker,
+    ),
+    var(
+        ENV_DOCKER_SECCOMP,
+        "unset (docker's profile)",
+        "seccomp profile path (e.g. seccomp/profile.json), unconfined or default; runc only",
+        HelpGroup::Docker,
+    ),
+    var(
+        ENV_GUEST_UID,
+        "61000",
+        "guest uid and gid, 1 to 65532, outside systemd's bands and the host's accounts",
+        HelpGroup::Docker,
+    ),
+    var(
+        ENV_REQUIRE_PINNED_IMAGES,
+        "0",
+        "1 requires every image as name@sha256:<digest> or a sha256:<id> content id",
+        HelpGroup::Docker,
+    ),
+    var(
+        ENV_DOCKER_HOST,
+        "unix:///var/run/docker.sock",
+        "docker endpoint; only a local unix:// socket is accepted",
+        HelpGroup::Docker,
+    ),
+    var(
+        ENV_DOCKER_CONTEXT,
+        "unset",
+        "refused unless default: set DOCKER_HOST instead",
+        HelpGroup::Docker,
+    ),
 ];
 
 const HELP_HEAD: &str = "\
@@ -225,6 +340,7 @@ pub fn help_text() -> String {
             HelpGroup::Listeners,
             "Listeners, authentication and transport",
         ),
+        (HelpGroup::Docker, "docker provider"),
         (HelpGroup::Limits, "Limits"),
     ] {
         out.push('\n');
@@ -326,10 +442,12 @@ mod tests {
         names
     }
 
-    /// Every `PLIMSOLL_*` / `SANDBOX_*` word in `text`.
+    /// Every `PLIMSOLL_*`, `SANDBOX_*` or `DOCKER_*` word in `text`.
     fn mentioned_names(text: &str) -> Vec<String> {
         text.split(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
-            .filter(|w| w.starts_with("PLIMSOLL_") || w.starts_with("SANDBOX_"))
+            .filter(|w| {
+                w.starts_with("PLIMSOLL_") || w.starts_with("SANDBOX_") || w.starts_with("DOCKER_")
+            })
             .map(str::to_owned)
             .collect()
     }

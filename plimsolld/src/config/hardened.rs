@@ -10,12 +10,14 @@
 //! per-caller concurrency (7), sessions (8) and metered allowances (9) arrive with the
 //! settings they judge.
 
+use super::docker::SeccompSetting;
 use super::env::{
-    ENV_ADDR, ENV_CLIENTS_FILE, ENV_CPUS, ENV_DISK_MB, ENV_INSECURE, ENV_MEMORY_MB,
-    ENV_METRICS_ADDR,
+    ENV_ADDR, ENV_CLIENTS_FILE, ENV_CPUS, ENV_DISK_MB, ENV_DOCKER_RUNTIME, ENV_DOCKER_SECCOMP,
+    ENV_INSECURE, ENV_MEMORY_MB, ENV_METRICS_ADDR, ENV_PIDS, ENV_REQUIRE_PINNED_IMAGES,
+    ENV_TOTAL_MEMORY_MB,
 };
 use super::listen_addr::is_loopback_addr;
-use super::{AuthConfig, Config};
+use super::{AuthConfig, Config, ProviderKind};
 
 /// Tiers hardened mode accepts.
 const HARDENED_TIERS: &[&str] = &["kernel", "vm"];
@@ -39,16 +41,25 @@ pub struct HardenedError {
 pub fn hardened_violations(config: &Config, proven_tier: Option<&str>) -> Vec<String> {
     let mut violations = Vec::new();
 
-    // 1. Isolation.
-    let tier = proven_tier.unwrap_or(config.provider.highest_tier());
+    // 1. Isolation. Docker can reach `kernel` only under runsc, so runc fails before the proof.
+    let highest = match config.provider {
+        ProviderKind::Docker if !config.docker.runtime.is_runsc() => "container",
+        other => other.highest_tier(),
+    };
+    let tier = proven_tier.unwrap_or(highest);
     if !HARDENED_TIERS.contains(&tier) {
         let how = if proven_tier.is_some() {
             "proved"
         } else {
             "can reach at most"
         };
+        let hint = if config.provider == ProviderKind::Docker && !config.docker.runtime.is_runsc() {
+            format!(" (set {ENV_DOCKER_RUNTIME}=runsc for gVisor)")
+        } else {
+            String::new()
+        };
         violations.push(format!(
-            "isolation: the {} provider {how} tier {tier}; hardened mode requires kernel or vm",
+            "isolation: the {} provider {how} tier {tier}; hardened mode requires kernel or vm{hint}",
             config.provider
         ));
     }
@@ -85,6 +96,20 @@ pub fn hardened_violations(config: &Config, proven_tier: Option<&str>) -> Vec<St
         }
     }
 
+    // 4. Immutable surface (docker): images pinned, a syscall filter kept.
+    if config.provider == ProviderKind::Docker {
+        if !config.docker.require_pinned_images {
+            violations.push(format!(
+                "immutable surface: {ENV_REQUIRE_PINNED_IMAGES}=1 is required with the docker provider"
+            ));
+        }
+        if config.docker.seccomp == SeccompSetting::Unconfined {
+            violations.push(format!(
+                "immutable surface: {ENV_DOCKER_SECCOMP}=unconfined is not accepted"
+            ));
+        }
+    }
+
     // 5. Explicit envelope. Disk only where the provider can enforce it: wasm refuses
     // SANDBOX_DISK_MB outright, so demanding it would be a rule no configuration can meet.
     let resources = &config.resources;
@@ -94,6 +119,13 @@ pub fn hardened_violations(config: &Config, proven_tier: Option<&str>) -> Vec<St
     ];
     if config.provider.supports_disk() {
         required.push((ENV_DISK_MB, f64::from(resources.disk_mb)));
+    }
+    if config.provider == ProviderKind::Docker {
+        required.push((ENV_PIDS, f64::from(resources.pids)));
+        required.push((
+            ENV_TOTAL_MEMORY_MB,
+            f64::from(config.limits.total_memory_mb),
+        ));
     }
     for (var, value) in required {
         if value <= 0.0 {
@@ -269,6 +301,66 @@ mod tests {
             err.to_string()
                 .starts_with("hardened-mode policy violation")
         );
+    }
+
+    /// A docker configuration that passes every rule once `kernel` is proven.
+    fn docker_passing() -> Config {
+        let mut config = passing();
+        config.provider = ProviderKind::Docker;
+        config.docker.runtime = crate::config::docker::DockerRuntime::Named("runsc".into());
+        config.docker.require_pinned_images = true;
+        config.resources.pids = 256;
+        config.limits.total_memory_mb = 4096;
+        config
+    }
+
+    #[test]
+    fn docker_under_runsc_with_pins_and_full_envelope_passes() {
+        assert_eq!(violations(&docker_passing()), Vec::<String>::new());
+        assert!(hardened_violations(&docker_passing(), None).is_empty());
+    }
+
+    #[test]
+    fn docker_under_runc_fails_isolation_before_any_proof() {
+        let mut config = docker_passing();
+        config.docker.runtime = crate::config::docker::DockerRuntime::Default;
+        let found = hardened_violations(&config, None);
+        assert_eq!(found.len(), 1, "{found:?}");
+        assert!(
+            found[0].contains("can reach at most tier container"),
+            "{found:?}"
+        );
+        assert!(
+            found[0].contains("SANDBOX_DOCKER_RUNTIME=runsc"),
+            "{found:?}"
+        );
+        let found = hardened_violations(&config, Some("container"));
+        assert!(found[0].starts_with("isolation:"), "{found:?}");
+    }
+
+    #[test]
+    fn docker_needs_pinned_images_and_a_syscall_filter() {
+        let mut config = docker_passing();
+        config.docker.require_pinned_images = false;
+        config.docker.seccomp = SeccompSetting::Unconfined;
+        let found = violations(&config);
+        assert_eq!(found.len(), 2, "{found:?}");
+        assert!(found[0].contains("SANDBOX_REQUIRE_PINNED_IMAGES=1"));
+        assert!(found[1].contains("SANDBOX_DOCKER_SECCOMP=unconfined"));
+        config.docker.require_pinned_images = true;
+        config.docker.seccomp = SeccompSetting::Profile("seccomp/profile.json".into());
+        assert!(violations(&config).is_empty());
+    }
+
+    #[test]
+    fn docker_envelope_also_needs_pids_and_a_memory_budget() {
+        let mut config = docker_passing();
+        config.resources.pids = 0;
+        config.limits.total_memory_mb = 0;
+        let found = violations(&config);
+        assert_eq!(found.len(), 2, "{found:?}");
+        assert!(found.iter().any(|v| v.contains("SANDBOX_PIDS")));
+        assert!(found.iter().any(|v| v.contains("SANDBOX_TOTAL_MEMORY_MB")));
     }
 
     #[test]

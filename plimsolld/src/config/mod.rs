@@ -9,6 +9,8 @@
 //!
 //! Hardened mode's policy lives in [`hardened`]; Go-style durations in [`duration`].
 
+pub mod admission;
+pub mod docker;
 pub mod duration;
 pub mod env;
 pub mod hardened;
@@ -33,7 +35,11 @@ pub const FLOOR_TIERS: &[&str] = &["process", "container", "kernel", "vm"];
 /// Every provider this build knows, in help-text order. Adding a provider means adding a
 /// [`ProviderKind`] variant here; the compiler then points at every rule that must decide
 /// about it.
-pub const KNOWN_PROVIDERS: &[ProviderKind] = &[ProviderKind::Disabled, ProviderKind::Wasm];
+pub const KNOWN_PROVIDERS: &[ProviderKind] = &[
+    ProviderKind::Disabled,
+    ProviderKind::Wasm,
+    ProviderKind::Docker,
+];
 
 // === impl ProviderKind ===
 
@@ -44,6 +50,8 @@ pub enum ProviderKind {
     Disabled,
     /// In-process WebAssembly (QuickJS); process tier.
     Wasm,
+    /// Local Docker Engine: `container` under runc, `kernel` under verified gVisor runsc.
+    Docker,
 }
 
 impl ProviderKind {
@@ -52,6 +60,7 @@ impl ProviderKind {
         match self {
             Self::Disabled => "disabled",
             Self::Wasm => "wasm",
+            Self::Docker => "docker",
         }
     }
 
@@ -72,6 +81,7 @@ impl ProviderKind {
         match self {
             Self::Disabled => "none",
             Self::Wasm => "process",
+            Self::Docker => "kernel",
         }
     }
 
@@ -80,6 +90,7 @@ impl ProviderKind {
         match self {
             Self::Disabled => true,
             Self::Wasm => false,
+            Self::Docker => true,
         }
     }
 
@@ -88,6 +99,7 @@ impl ProviderKind {
         match self {
             Self::Disabled => true,
             Self::Wasm => false,
+            Self::Docker => true,
         }
     }
 }
@@ -176,6 +188,10 @@ pub struct Config {
     pub resources: Resources,
     /// `SANDBOX_MAX_CONCURRENT`, in `[1, 1024]`, before any memory clamp.
     pub max_concurrent: u32,
+    /// The admission limits; `limits.max_concurrent` equals `max_concurrent`.
+    pub limits: admission::Limits,
+    /// The docker provider's settings (defaults unless the provider is docker).
+    pub docker: docker::DockerConfig,
     /// `PLIMSOLL_*` / `SANDBOX_*` names set but unknown to this build; the daemon warns.
     pub unknown_vars: Vec<String>,
 }
@@ -251,6 +267,16 @@ pub enum ConfigProblem {
     /// `SANDBOX_MAX_CONCURRENT` outside `[1, 1024]`.
     #[error("SANDBOX_MAX_CONCURRENT: max_concurrent={value} is outside [1,1024]")]
     MaxConcurrentOutOfRange { value: i64 },
+    /// A docker setting is malformed, or set for another provider.
+    #[error("{var}={value:?} {reason}")]
+    DockerSetting {
+        var: &'static str,
+        value: String,
+        reason: String,
+    },
+    /// The memory budget cannot hold one run.
+    #[error("SANDBOX_TOTAL_MEMORY_MB: {reason}")]
+    MemoryBudget { reason: String },
     /// A real provider with no authentication and no `PLIMSOLL_INSECURE=1`.
     #[error(
         "refusing to start: a real sandbox provider is enabled but PLIMSOLL_TOKEN is unset \
@@ -268,13 +294,15 @@ impl ConfigProblem {
             | Self::NotNonNegativeNumber { var, .. }
             | Self::NotBoolean { var, .. }
             | Self::NotHostPort { var, .. }
-            | Self::UnsupportedByProvider { var, .. } => var,
+            | Self::UnsupportedByProvider { var, .. }
+            | Self::DockerSetting { var, .. } => var,
             Self::TokenTooShort { .. } | Self::TokenShape(_) | Self::OpenModeRefused => ENV_TOKEN,
             Self::ClientsFileLoad { .. } | Self::ClientsFileEmpty { .. } => ENV_CLIENTS_FILE,
             Self::TlsIncomplete { missing } => missing,
             Self::UnknownProvider { .. } => ENV_PROVIDER,
             Self::BadFloor { .. } => ENV_MIN_ISOLATION,
             Self::MaxConcurrentOutOfRange { .. } => ENV_MAX_CONCURRENT,
+            Self::MemoryBudget { .. } => ENV_TOTAL_MEMORY_MB,
         }
     }
 }
@@ -324,8 +352,11 @@ impl Config {
         let provider = r.provider();
         let min_isolation = r.floor();
         let resources = r.resources(provider);
-        let max_concurrent = r.max_concurrent();
+        let configured_max = r.max_concurrent();
+        let limits = r.limits(provider, resources.memory_mb, configured_max);
+        let max_concurrent = limits.max_concurrent;
         let auth = r.auth(provider, insecure);
+        let docker = r.docker(provider);
 
         if !r.problems.is_empty() {
             return Err(ConfigError {
@@ -345,6 +376,8 @@ impl Config {
             min_isolation,
             resources,
             max_concurrent,
+            limits,
+            docker,
             unknown_vars: unknown_variables(env),
         })
     }

@@ -308,9 +308,9 @@ fn provider_is_trimmed_and_lower_cased() {
 
 #[test]
 fn unknown_provider_is_fatal_and_lists_the_known_names() {
-    let text = problem(&[("SANDBOX_PROVIDER", "docker")]);
-    assert!(text.contains("\"docker\""), "{text}");
-    assert!(text.ends_with("known: disabled, wasm"), "{text}");
+    let text = problem(&[("SANDBOX_PROVIDER", "e2b")]);
+    assert!(text.contains("\"e2b\""), "{text}");
+    assert!(text.ends_with("known: disabled, wasm, docker"), "{text}");
 }
 
 #[test]
@@ -453,7 +453,7 @@ fn every_bad_variable_is_reported_together() {
         ("PLIMSOLL_METRICS_ADDR", "9464"),
         ("PLIMSOLL_HARDENED", "maybe"),
         ("PLIMSOLL_TLS_CERT", "c.pem"),
-        ("SANDBOX_PROVIDER", "docker"),
+        ("SANDBOX_PROVIDER", "e2b"),
         ("SANDBOX_MIN_ISOLATION", "none"),
         ("SANDBOX_MEMORY_MB", "1e3"),
         ("SANDBOX_CPUS", "NaN"),

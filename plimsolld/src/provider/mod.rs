@@ -14,6 +14,10 @@
 //! 4. [`Provider::drain`] on shutdown.
 
 pub mod disabled;
+#[cfg(feature = "docker")]
+pub mod docker;
+#[cfg(feature = "wasm")]
+pub mod wasm;
 
 use std::time::Duration;
 
@@ -173,6 +177,12 @@ pub trait Provider: Send + Sync + 'static {
 pub fn build(config: &Config) -> Result<std::sync::Arc<dyn Provider>, ProviderError> {
     match config.provider {
         ProviderKind::Disabled => Ok(std::sync::Arc::new(disabled::Disabled::new())),
+        #[cfg(feature = "wasm")]
+        ProviderKind::Wasm => Ok(std::sync::Arc::new(wasm::Wasm::new(config))),
+        #[cfg(feature = "docker")]
+        ProviderKind::Docker => docker::Docker::new(config)
+            .map(|d| std::sync::Arc::new(d) as std::sync::Arc<dyn Provider>)
+            .map_err(|e| ProviderError::Infrastructure(e.to_string())),
         #[allow(unreachable_patterns)]
         other => Err(ProviderError::Infrastructure(format!(
             "SANDBOX_PROVIDER {other:?} is not built into this plimsolld"

@@ -1,6 +1,7 @@
 //! `Run`: one payload in a fresh sandbox. The steps follow wire.md §6.1 in
 //! order, so a reviewer can hold this file against the spec line by line.
 
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use connectrpc::ConnectError;
@@ -13,13 +14,14 @@ use plimsoll::wire::{
 };
 
 use super::{State, answer_error};
+use crate::admission::Permit;
 use crate::auth::Principal;
-use crate::provider::{ProviderError, SnippetOutcome, SnippetRun};
+use crate::provider::{Description, ProviderError, SnippetOutcome, SnippetRun};
 use crate::record::Answer;
 
 /// Handles one `Run` request.
 pub(super) async fn handle(
-    state: &State,
+    state: &Arc<State>,
     principal: &Principal,
     req: RunRequest,
 ) -> Result<RunResponse, ConnectError> {
@@ -39,11 +41,11 @@ pub(super) async fn handle(
     // 7: the software rule against the selected environment.
     let description = state.provider.describe();
     let identity = match kind {
-        PayloadKind::Project => description.project.software_identity,
-        PayloadKind::Module => description.module.software_identity,
-        _ => description.javascript.software_identity,
+        PayloadKind::Project => &description.project.software_identity,
+        PayloadKind::Module => &description.module.software_identity,
+        _ => &description.javascript.software_identity,
     };
-    check_software(rule, &identity)?;
+    check_software(rule, identity)?;
     // 8: admission; sheds at once, never queues.
     let permit = state.admission.admit(principal.audit_key())?;
     // 9: dispatch.
@@ -60,30 +62,64 @@ pub(super) async fn handle(
         timeout: Duration::from_millis(u64::from(timeout_ms)),
     };
     // The run lives in its own task holding the permit: if the caller goes
-    // away, the sandbox still runs to its end and only then frees the slot.
-    let provider = state.provider.clone();
-    let outcome = tokio::spawn(async move {
-        let outcome = provider.run_snippet(run).await;
-        drop(permit);
-        outcome
-    })
-    .await
-    .map_err(|e| super::internal(&format!("run task failed: {e}")))?;
-    // A provider's own refusal ran nothing, so it is not counted as a run.
-    if !matches!(outcome, Err(ProviderError::Refused(_))) {
-        state.metrics.run_dispatched();
-    }
-    let outcome = outcome.map_err(|e| answer_error(e, &state.metrics))?;
-    let resp = answer_snippet(
-        &arrived,
-        &req,
-        description.sandbox,
+    // away (and this future with it), the sandbox still runs to its end, only
+    // then frees the slot, and is still counted and audited.
+    let dispatch = Dispatch {
+        state: state.clone(),
+        principal: principal.clone(),
+        arrived,
         tier,
-        &description.policy,
-        outcome,
-    );
-    audit(principal, &req, js.code.len(), &resp, arrived.started);
-    Ok(resp)
+        description,
+        req,
+    };
+    tokio::spawn(dispatch.run(run, permit))
+        .await
+        .map_err(|e| super::internal(&format!("run task failed: {e}")))?
+}
+
+// === impl Dispatch ===
+
+/// What an admitted run needs to finish, owned by the task that runs it.
+struct Dispatch {
+    state: Arc<State>,
+    principal: Principal,
+    arrived: Answer,
+    tier: IsolationTier,
+    description: Description,
+    req: RunRequest,
+}
+
+impl Dispatch {
+    /// Runs the snippet, frees the slot once the sandbox is gone, then counts,
+    /// answers and audits the run, whether or not anyone still waits for it.
+    async fn run(self, run: SnippetRun, permit: Permit) -> Result<RunResponse, ConnectError> {
+        let code_bytes = run.code.len();
+        let outcome = self.state.provider.run_snippet(run).await;
+        // A provider's own refusal ran nothing, so it is not counted as a run.
+        // Counted before the slot goes back, so a gauge at zero finds every
+        // finished run counted.
+        if !matches!(outcome, Err(ProviderError::Refused(_))) {
+            self.state.metrics.run_dispatched();
+        }
+        drop(permit);
+        let outcome = outcome.map_err(|e| answer_error(e, &self.state.metrics))?;
+        let resp = answer_snippet(
+            &self.arrived,
+            &self.req,
+            self.description.sandbox,
+            self.tier,
+            &self.description.policy,
+            outcome,
+        );
+        audit(
+            &self.principal,
+            &self.req,
+            code_bytes,
+            &resp,
+            self.arrived.started,
+        );
+        Ok(resp)
+    }
 }
 
 fn check_grant_profile(req: &RunRequest) -> Result<(), Refusal> {
@@ -181,4 +217,140 @@ fn audit(
         trace_id_rejected = trace.is_none() && !req.trace_id.is_empty(),
         "code run"
     );
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    use async_trait::async_trait;
+    use plimsoll::refusal::PROTOCOL;
+    use plimsoll::tier::IsolationTier;
+    use plimsoll::wire::{JavaScriptRun, RunRequest};
+    use tokio::sync::Notify;
+
+    use super::*;
+    use crate::admission::Admission;
+    use crate::config::admission::Limits;
+    use crate::metrics::Metrics;
+    use crate::provider::{Environment, Provider, TierEvidence};
+
+    /// A provider whose one run lasts until the test opens its gate: it stands in for
+    /// a sandbox that outlives its caller.
+    struct Gated {
+        gate: Notify,
+    }
+
+    #[async_trait]
+    impl Provider for Gated {
+        async fn preflight(&self) -> Result<TierEvidence, ProviderError> {
+            unreachable!("the handler never preflights")
+        }
+
+        async fn prove(&self) -> Result<TierEvidence, ProviderError> {
+            unreachable!("the handler never proves")
+        }
+
+        async fn ready(&self) -> Result<(), String> {
+            Ok(())
+        }
+
+        fn current_tier(&self) -> IsolationTier {
+            IsolationTier::Process
+        }
+
+        fn describe(&self) -> Description {
+            Description {
+                sandbox: "gated",
+                javascript: Environment {
+                    max_timeout_ms: 30_000,
+                    ..Environment::default()
+                },
+                ..Description::default()
+            }
+        }
+
+        async fn run_snippet(&self, _run: SnippetRun) -> Result<SnippetOutcome, ProviderError> {
+            self.gate.notified().await;
+            Ok(SnippetOutcome::default())
+        }
+    }
+
+    fn state(provider: Arc<Gated>) -> Arc<State> {
+        let metrics = Arc::new(Metrics::default());
+        let limits = Limits {
+            max_concurrent: 1,
+            per_key_concurrent: 0,
+            rate_per_min: 0,
+            rate_burst: 0,
+            total_memory_mb: 0,
+            per_run_memory_mb: 256,
+            clamped: false,
+        };
+        Arc::new(State {
+            provider,
+            proven: IsolationTier::Process,
+            resources: Default::default(),
+            admission: Admission::new(limits, metrics.clone()),
+            metrics,
+        })
+    }
+
+    fn snippet() -> RunRequest {
+        RunRequest {
+            protocol: PROTOCOL,
+            payload: Some(
+                JavaScriptRun {
+                    code: "1".to_owned(),
+                    ..Default::default()
+                }
+                .into(),
+            ),
+            ..Default::default()
+        }
+    }
+
+    async fn until(what: &str, done: impl Fn() -> bool) {
+        for _ in 0..1_000 {
+            if done() {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+        panic!("{what} did not happen within 2 s");
+    }
+
+    #[tokio::test]
+    async fn a_run_whose_caller_hangs_up_keeps_its_slot_to_the_end_and_is_still_counted() {
+        let provider = Arc::new(Gated {
+            gate: Notify::new(),
+        });
+        let state = state(provider.clone());
+        let caller = Principal {
+            id: Some("a".to_owned()),
+            scopes: vec!["*".to_owned()],
+        };
+        // The caller waits a moment, then goes away: its handler future is dropped.
+        let gone = tokio::time::timeout(
+            Duration::from_millis(50),
+            handle(&state, &caller, snippet()),
+        )
+        .await;
+        assert!(gone.is_err(), "the gated run cannot have answered");
+        assert_eq!(state.admission.in_flight(), 1, "the sandbox still runs");
+        assert!(
+            state.admission.admit("b").is_err(),
+            "no over-admission while it runs"
+        );
+        assert!(state.metrics.render().contains("plimsoll_runs_total 0\n"));
+
+        provider.gate.notify_one();
+        until("the slot's release", || state.admission.in_flight() == 0).await;
+        assert!(
+            state.metrics.render().contains("plimsoll_runs_total 1\n"),
+            "the run was counted by the time its slot came back"
+        );
+        assert!(state.admission.admit("b").is_ok());
+    }
 }

@@ -1,0 +1,596 @@
+//! The `docker` provider: each run in a fresh, locked-down container on the local Docker
+//! Engine (providers.md §4–§6).
+//!
+//! The Engine is reached only through bollard over the local Unix socket named by
+//! `DOCKER_HOST` (resolved once, at configuration); no docker CLI runs on any path. The tier is
+//! painted from evidence: `container` under runc (with a loud warning: runc shares the host
+//! kernel and is not a boundary for hostile code), `kernel` only under gVisor's `runsc` whose
+//! registration preflight read from the daemon, and only after the startup proof passed under
+//! it.
+//!
+//! The files, in the order a daemon uses them:
+//! - [`settings`]: the envelope and mounts derived from the configuration;
+//! - [`preflight`] and [`readiness`]: the cheap checks and their 5 s cache;
+//! - [`smoke`]: the startup proof's probe containers and their checks;
+//! - [`lockdown`]: the one container shape (§5.4); [`container`]: one run start to finish,
+//!   with [`output`] (caps and the start marker) and [`removal`] (force-remove, confirmed);
+//! - [`pool`]: the next snippet's container, created (never started) ahead of demand;
+//! - [`orphans`]: the sweep of what crashes left;
+//! - [`engine`]: the Engine API with a timeout on every call.
+
+mod container;
+mod engine;
+mod lockdown;
+mod orphans;
+mod output;
+mod pool;
+mod preflight;
+mod readiness;
+mod removal;
+mod settings;
+mod smoke;
+
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use plimsoll::refusal::Refusal;
+use plimsoll::tier::IsolationTier;
+
+use super::{
+    Description, Environment, Provider, ProviderError, Resources, SnippetOutcome, SnippetRun,
+    TierEvidence,
+};
+use crate::config::Config;
+use crate::config::docker::SeccompSetting;
+use container::{Context, Held, Prepare, Request};
+use readiness::{ProvenIds, Readiness};
+use settings::Settings;
+
+/// The provider id `Describe` and records name.
+pub const ID: &str = "docker";
+
+/// How often the background loop re-checks readiness and sweeps orphans.
+const BACKGROUND_EVERY: Duration = Duration::from_secs(60);
+/// The bound on one orphan sweep.
+const SWEEP_BOUND: Duration = Duration::from_secs(30);
+/// What the startup snippet prints.
+const SMOKE_SNIPPET: &str = "console.log(\"plimsoll-snippet-ok\")";
+/// How long the proof waits for its containers' removal (the daemon may exit next).
+const FAILED_PROOF_CLEANUP: Duration = Duration::from_secs(35);
+/// The startup snippet's budget.
+const SMOKE_SNIPPET_TIMEOUT: Duration = Duration::from_secs(20);
+/// The language probe on the project image: JavaScript required, Python optional.
+const LANGUAGE_PROBE: &str = "node -e 'console.log(\"javascript\")' && { python3 -c 'print(\"python\")' 2>/dev/null || true; }";
+
+/// Everything that can go wrong between plimsolld and docker. Each variant names the step.
+#[derive(Debug, thiserror::Error)]
+pub enum DockerError {
+    /// The socket could not be opened.
+    #[error("cannot connect to docker at {socket}: {source}")]
+    Connect {
+        socket: PathBuf,
+        source: Box<bollard::errors::Error>,
+    },
+    /// An Engine API call failed.
+    #[error("docker API: {0}")]
+    Api(Box<bollard::errors::Error>),
+    /// An Engine API call ran out of its budget.
+    #[error("docker {call} did not answer within {budget:?}")]
+    Timeout {
+        call: &'static str,
+        budget: Duration,
+    },
+    /// The wait stream ended without an exit code.
+    #[error("docker ended the container wait without an exit code")]
+    WaitEnded,
+    /// A container is still listed after every removal attempt.
+    #[error("container {0} is still present after forced removal")]
+    StillPresent(String),
+    /// The start marker never came: docker did not start the command.
+    #[error(
+        "docker did not start the container's command ({container}: no start marker; exit {exit_code}, deadline passed: {timed_out})"
+    )]
+    NotStarted {
+        container: String,
+        exit_code: i32,
+        timed_out: bool,
+    },
+    /// `SANDBOX_DISK_MB` cannot hold `/tmp`, `/dev/shm` and 1 MiB of `/work`.
+    #[error(
+        "SANDBOX_DISK_MB={disk_mb} cannot hold /tmp, /dev/shm and /work: at least {needed_mb} MiB"
+    )]
+    DiskBudget { disk_mb: u32, needed_mb: u32 },
+    /// A host file could not be read or written.
+    #[error("{path}: {source}")]
+    HostFile {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    /// The guest uid (or uid+1) is a host account or group.
+    #[error(
+        "SANDBOX_GUEST_UID: {uid} is used by {entry:?} in {file}; choose a uid that no host account or group uses (uid and uid+1)"
+    )]
+    GuestUidTaken {
+        uid: u32,
+        file: PathBuf,
+        entry: String,
+    },
+    /// The seccomp profile is not a Docker profile.
+    #[error("SANDBOX_DOCKER_SECCOMP {path}: {source}")]
+    SeccompProfile {
+        path: PathBuf,
+        source: seccomp::SeccompError,
+    },
+    /// The Engine is not a Linux daemon.
+    #[error("the docker daemon runs {0} containers; plimsoll needs linux")]
+    NotLinux(String),
+    /// The configured runtime is not registered with docker.
+    #[error(
+        "SANDBOX_DOCKER_RUNTIME={runtime} is not registered with docker (registered: {registered}); register it in /etc/docker/daemon.json (scripts/setup-docker does)"
+    )]
+    RuntimeNotRegistered { runtime: String, registered: String },
+    /// `runsc` is registered under a path that is not runsc.
+    #[error(
+        "docker's runtime runsc points at {path:?}, whose file name is not runsc; the kernel tier is not proven"
+    )]
+    RuntimeNotRunsc { path: String },
+    /// An image is not on the daemon.
+    #[error(
+        "image {reference} is not available on the docker daemon ({reason}); build it with images/build (no registry is reachable)"
+    )]
+    ImageMissing { reference: String, reason: String },
+    /// An image breaks a rule.
+    #[error("image {reference} is refused: {reason}")]
+    ImageRefused { reference: String, reason: String },
+    /// A reference names another image than the one proven.
+    #[error(
+        "the {what} image {reference} now names {now}, not the proven {proven}; restart plimsolld to prove it"
+    )]
+    ImageMoved {
+        what: &'static str,
+        reference: String,
+        proven: String,
+        now: String,
+    },
+    /// A cached preflight failure, as text.
+    #[error("{0}")]
+    Preflight(String),
+    /// Another caller's preflight did not finish within 2 s.
+    #[error("preflight is already in progress")]
+    PreflightBusy,
+    /// A startup-proof check failed.
+    #[error("startup proof check {check:?} failed: {detail}")]
+    Smoke { check: &'static str, detail: String },
+}
+
+/// The docker provider.
+pub struct Docker {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    settings: Arc<Settings>,
+    /// This daemon's id on its containers' labels.
+    instance: String,
+    readiness: Arc<Readiness>,
+    held: Arc<Held>,
+    /// What the language probe found on the project image.
+    languages: RwLock<Vec<String>>,
+    /// The configured disk budget, as `Describe` states it.
+    disk_mb: u32,
+    /// The next snippet's container.
+    pool: pool::Pool,
+    stop: tokio::sync::watch::Sender<bool>,
+    background: Mutex<Option<tokio::task::JoinHandle<()>>>,
+}
+
+impl Docker {
+    /// The provider for `config`; reads configuration only.
+    pub fn new(config: &Config) -> Result<Docker, DockerError> {
+        let settings = Arc::new(Settings::new(config)?);
+        let (stop, _) = tokio::sync::watch::channel(false);
+        Ok(Docker {
+            inner: Arc::new(Inner {
+                readiness: Arc::new(Readiness::new(Arc::clone(&settings))),
+                settings,
+                instance: container::random_hex(),
+                held: Arc::new(Held::default()),
+                languages: RwLock::new(Vec::new()),
+                disk_mb: config.resources.disk_mb,
+                pool: pool::Pool::default(),
+                stop,
+                background: Mutex::new(None),
+            }),
+        })
+    }
+}
+
+impl Inner {
+    fn context<'a>(&'a self, verified: &'a preflight::Verified) -> Context<'a> {
+        Context {
+            engine: &verified.engine,
+            settings: &self.settings,
+            seccomp: verified.seccomp.as_deref(),
+            instance: &self.instance,
+            held: &self.held,
+        }
+    }
+
+    fn tier_evidence(&self, verified: &preflight::Verified) -> TierEvidence {
+        let runtime = &verified.runtime;
+        if runtime.runsc_verified {
+            TierEvidence {
+                tier: IsolationTier::Kernel,
+                detail: format!(
+                    "docker {} runs containers under gVisor: runtime runsc registered at {}",
+                    verified.server_version,
+                    runtime.path.as_deref().unwrap_or("?")
+                ),
+            }
+        } else {
+            TierEvidence {
+                tier: IsolationTier::Container,
+                detail: format!(
+                    "docker {} runs containers under {}, which shares the host kernel",
+                    verified.server_version, runtime.name
+                ),
+            }
+        }
+    }
+
+    async fn sweep(&self, engine: &engine::Engine) {
+        match tokio::time::timeout(
+            SWEEP_BOUND,
+            orphans::sweep(engine, &self.instance, &self.held),
+        )
+        .await
+        {
+            Ok(swept) if swept != orphans::Swept::default() => {
+                tracing::info!(
+                    removed = swept.removed,
+                    failed = swept.failed,
+                    directories = swept.directories,
+                    "orphan sweep"
+                );
+            }
+            Ok(_) => {}
+            Err(_) => tracing::warn!("orphan sweep did not finish within {SWEEP_BOUND:?}"),
+        }
+    }
+
+    /// Starts making the next snippet's container, unless one is waiting or being made.
+    fn refill(self: &Arc<Self>, verified: &Arc<preflight::Verified>) {
+        if !self.pool.begin_fill() {
+            return;
+        }
+        let inner = Arc::clone(self);
+        let verified = Arc::clone(verified);
+        tokio::spawn(async move {
+            let ctx = inner.context(&verified);
+            let argv = snippet_argv();
+            let shape = Prepare {
+                image: &verified.snippet,
+                argv: &argv,
+                run_env: &[],
+                work: false,
+                socket: None,
+                role: "run",
+                lifetime: pool::MAX_AGE
+                    + settings::SNIPPET_MAX_TIMEOUT
+                    + engine::START
+                    + Duration::from_secs(1),
+            };
+            match container::prepare(&ctx, &shape).await {
+                Ok(member) => inner.pool.put(member),
+                Err(e) => {
+                    tracing::debug!(error = %e, "could not make the next snippet container ahead");
+                    inner.pool.fill_failed();
+                }
+            }
+        });
+    }
+
+    /// Every minute: re-run preflight when the tier has fallen, and sweep orphans.
+    async fn background(self: Arc<Self>) {
+        let mut stop = self.stop.subscribe();
+        loop {
+            tokio::select! {
+                _ = stop.wait_for(|s| *s) => return,
+                () = tokio::time::sleep(BACKGROUND_EVERY) => {}
+            }
+            self.pool.expire_stale();
+            match self.readiness.check().await {
+                Ok(verified) => self.refill(&verified),
+                Err(e) => tracing::warn!(error = %e, "docker provider not ready"),
+            }
+            if let Some(engine) = self.readiness.engine() {
+                self.sweep(engine).await;
+            }
+        }
+    }
+}
+
+fn not_ready(e: DockerError) -> ProviderError {
+    ProviderError::Refused(Refusal::Environment(format!(
+        "the docker provider is not ready ({e}); nothing ran"
+    )))
+}
+
+#[async_trait]
+impl Provider for Docker {
+    async fn preflight(&self) -> Result<TierEvidence, ProviderError> {
+        let verified = self
+            .inner
+            .readiness
+            .check()
+            .await
+            .map_err(|e| ProviderError::Infrastructure(format!("docker preflight: {e}")))?;
+        Ok(self.inner.tier_evidence(&verified))
+    }
+
+    async fn prove(&self) -> Result<TierEvidence, ProviderError> {
+        let proved = self.prove_once().await;
+        if proved.is_err() {
+            // The daemon exits next: let the probe containers' removals finish first.
+            self.inner.held.settle(FAILED_PROOF_CLEANUP).await;
+        }
+        proved
+    }
+
+    async fn ready(&self) -> Result<(), String> {
+        self.inner
+            .readiness
+            .check()
+            .await
+            .map(drop)
+            .map_err(|e| e.to_string())
+    }
+
+    fn current_tier(&self) -> IsolationTier {
+        self.inner.readiness.current_tier()
+    }
+
+    fn describe(&self) -> Description {
+        let s = &self.inner.settings;
+        let ids = self.inner.readiness.proven_ids().cloned();
+        let languages = self
+            .inner
+            .languages
+            .read()
+            .map(|l| l.clone())
+            .unwrap_or_default();
+        Description {
+            sandbox: ID,
+            javascript: Environment {
+                identity: ids.as_ref().map(|i| i.snippet.clone()).unwrap_or_default(),
+                max_timeout_ms: duration_ms(settings::SNIPPET_MAX_TIMEOUT),
+                software_identity: String::new(),
+                languages: vec!["javascript".to_owned()],
+            },
+            // Proven at startup; projects themselves are not served yet.
+            project: Environment {
+                identity: ids.map(|i| i.project).unwrap_or_default(),
+                max_timeout_ms: 0,
+                software_identity: String::new(),
+                languages,
+            },
+            resources: Resources {
+                memory_mb: s.memory_mb,
+                cpus: s.cpus,
+                pids: s.pids,
+                disk_mb: self.inner.disk_mb,
+            },
+            ..Description::default()
+        }
+    }
+
+    fn default_timeout_ms(&self) -> u32 {
+        duration_ms(settings::SNIPPET_DEFAULT_TIMEOUT)
+    }
+
+    async fn run_snippet(&self, run: SnippetRun) -> Result<SnippetOutcome, ProviderError> {
+        let inner = &self.inner;
+        let verified = inner.readiness.check().await.map_err(not_ready)?;
+        let infrastructure = |e: DockerError| ProviderError::Infrastructure(e.to_string());
+        let timeout = run.timeout.min(settings::SNIPPET_MAX_TIMEOUT);
+        let claimed = inner
+            .pool
+            .claim(&verified.snippet.id, verified.seccomp.as_deref());
+        let prepared = match claimed {
+            Some(member) => member,
+            None => {
+                let argv = snippet_argv();
+                let shape = Prepare {
+                    image: &verified.snippet,
+                    argv: &argv,
+                    run_env: &[],
+                    work: false,
+                    socket: None,
+                    role: "run",
+                    lifetime: timeout + engine::START + Duration::from_secs(1),
+                };
+                container::prepare(&inner.context(&verified), &shape)
+                    .await
+                    .map_err(infrastructure)?
+            }
+        };
+        let finished = prepared
+            .run(&verified.engine, run.code.into_bytes(), timeout, None)
+            .await;
+        // The next snippet's container is made after this run, not during it: on a small
+        // machine a create beside a start slows the start more than the create saves. Not
+        // before the proof is complete: a daemon that then refuses to start leaves nothing.
+        if !*inner.stop.borrow() && inner.readiness.proven_ids().is_some() {
+            inner.refill(&verified);
+        }
+        let finished = finished.map_err(infrastructure)?;
+        Ok(SnippetOutcome {
+            stdout: finished.stdout.0,
+            stdout_truncated: finished.stdout.1,
+            stderr: finished.stderr.0,
+            stderr_truncated: finished.stderr.1,
+            exit_code: finished.exit_code,
+            timed_out: finished.timed_out,
+            duration: finished.duration,
+            environment: verified.snippet.id.clone(),
+            software_identity: String::new(),
+            instance: format!("docker-container:{}", finished.container_id),
+        })
+    }
+
+    async fn drain(&self, budget: Duration) {
+        let inner = &self.inner;
+        inner.stop.send_replace(true);
+        inner.pool.close();
+        let task = inner
+            .background
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take();
+        if let Some(task) = task {
+            task.abort();
+        }
+        let left = inner.held.settle(budget).await;
+        if left > 0 {
+            tracing::warn!(
+                containers = left,
+                "drain: containers still being removed; the orphan sweep of the next start removes them"
+            );
+        }
+        if let Some(engine) = inner.readiness.engine() {
+            inner.sweep(engine).await;
+        }
+    }
+}
+
+impl Docker {
+    /// The startup proof (providers.md §5.12), in the spec's step order.
+    async fn prove_once(&self) -> Result<TierEvidence, ProviderError> {
+        let fail = |e: DockerError| ProviderError::Infrastructure(e.to_string());
+        let inner = &self.inner;
+        // 1. Preflight, without the proof check (there is no proof yet).
+        let verified = inner.readiness.check().await.map_err(fail)?;
+        let evidence = inner.tier_evidence(&verified);
+        if inner.settings.runtime.is_runsc()
+            && inner.settings.seccomp != SeccompSetting::DockerDefault
+        {
+            tracing::info!(
+                "SANDBOX_DOCKER_SECCOMP is ignored under runsc: gVisor filters the guest's syscalls itself"
+            );
+        }
+        inner.sweep(&verified.engine).await;
+        let ctx = inner.context(&verified);
+        // 2–4. One probe container per image, each with the throwaway host socket.
+        let socket = smoke::HostSocket::bind().map_err(fail)?;
+        smoke::probe_image(&ctx, &verified.snippet, false, &socket)
+            .await
+            .map_err(fail)?;
+        smoke::probe_image(&ctx, &verified.project, true, &socket)
+            .await
+            .map_err(fail)?;
+        drop(socket);
+        // 8. Under runsc, the host cgroup of a live sandbox carries the host pids limit.
+        if inner.settings.runtime.is_runsc() {
+            smoke::prove_host_pids(&ctx, &verified.snippet)
+                .await
+                .map_err(fail)?;
+        }
+        // 7. The languages of the project image.
+        let languages = self.languages(&ctx, &verified).await.map_err(fail)?;
+        *inner.languages.write().unwrap_or_else(|e| e.into_inner()) = languages;
+        // 6. A real snippet through exactly the run path.
+        let out = self
+            .run_snippet(SnippetRun {
+                code: SMOKE_SNIPPET.to_owned(),
+                timeout: SMOKE_SNIPPET_TIMEOUT,
+            })
+            .await?;
+        if out.exit_code != 0 || out.timed_out || out.stdout != b"plimsoll-snippet-ok\n" {
+            return Err(fail(DockerError::Smoke {
+                check: "snippet",
+                detail: format!(
+                    "exit {}, timed out {}, stdout {:?}, stderr {:?}",
+                    out.exit_code,
+                    out.timed_out,
+                    String::from_utf8_lossy(&out.stdout),
+                    String::from_utf8_lossy(&out.stderr)
+                ),
+            }));
+        }
+        // 9. Record what was proven; from now on preflight also checks the ids.
+        inner.readiness.set_proven(
+            ProvenIds {
+                snippet: verified.snippet.id.clone(),
+                project: verified.project.id.clone(),
+            },
+            evidence.tier,
+        );
+        if evidence.tier == IsolationTier::Container {
+            tracing::warn!(
+                runtime = %verified.runtime.name,
+                "docker provider under runc: containers share the host kernel; this is NOT a hostile-code boundary (set SANDBOX_DOCKER_RUNTIME=runsc for gVisor)"
+            );
+        }
+        tracing::info!(
+            snippet_image = %verified.snippet.id,
+            project_image = %verified.project.id,
+            runtime = %verified.runtime.name,
+            instance = %inner.instance,
+            "docker provider proven"
+        );
+        // Nothing of the proof outlives it (the daemon may still refuse to start, at its floor).
+        inner.held.settle(FAILED_PROOF_CLEANUP).await;
+        let task = tokio::spawn(Arc::clone(inner).background());
+        *inner.background.lock().unwrap_or_else(|e| e.into_inner()) = Some(task);
+        Ok(evidence)
+    }
+
+    async fn languages(
+        &self,
+        ctx: &Context<'_>,
+        verified: &preflight::Verified,
+    ) -> Result<Vec<String>, DockerError> {
+        let finished = container::run(
+            ctx,
+            Request {
+                image: &verified.project,
+                argv: vec!["sh".to_owned(), "-c".to_owned(), LANGUAGE_PROBE.to_owned()],
+                run_env: Vec::new(),
+                stdin: Vec::new(),
+                timeout: Duration::from_secs(30),
+                work: true,
+                socket: None,
+                role: "smoke",
+                started: None,
+            },
+        )
+        .await?;
+        let stdout = String::from_utf8_lossy(&finished.stdout.0);
+        let languages: Vec<String> = stdout
+            .lines()
+            .filter(|l| matches!(*l, "javascript" | "python"))
+            .map(str::to_owned)
+            .collect();
+        if finished.exit_code != 0 || languages.first().map(String::as_str) != Some("javascript") {
+            return Err(DockerError::Smoke {
+                check: "languages",
+                detail: format!(
+                    "the project image {} answered exit {} with {:?}",
+                    verified.project.reference, finished.exit_code, stdout
+                ),
+            });
+        }
+        Ok(languages)
+    }
+}
+
+/// A snippet's command: node reads the code on stdin.
+fn snippet_argv() -> Vec<String> {
+    vec!["node".to_owned(), "-".to_owned()]
+}
+
+fn duration_ms(d: Duration) -> u32 {
+    u32::try_from(d.as_millis()).unwrap_or(u32::MAX)
+}

@@ -1,0 +1,154 @@
+"""The docker provider through the published Python client, plimsoll-client 0.23.0 from PyPI
+and unchanged, against the real plimsolld.
+
+For each runtime this machine's docker registers (runc always; runsc when
+PLIMSOLL_TEST_DOCKER_RUNTIMES names it, as scripts/test-docker does), one daemon with
+SANDBOX_PROVIDER=docker runs `6*7` through `Client.run_javascript`, which verifies the run
+record against the request it sent; the test then checks what the record states: provider
+docker, the runtime's tier, the snippet image's content id as the environment, and a typed
+`docker-container:` instance.
+
+Docker and the images (scripts/setup-docker, images/build) are required: when they are
+missing the test FAILS unless PLIMSOLL_TEST_DOCKER_SKIP=1.
+
+Run it with the venv that scripts/setup makes:
+
+    tests/interop/.venv/bin/python -I tests/interop/test_docker.py
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+import re
+import secrets
+import signal
+import subprocess
+import threading
+import unittest
+from typing import Dict, List, Optional
+
+import plimsoll_client as pc
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+BINARY = pathlib.Path(os.environ.get("PLIMSOLLD") or ROOT / "target" / "debug" / "plimsolld")
+SNIPPET_IMAGE = "plimsoll/sandbox-node:latest"
+START_TIMEOUT = 120.0
+REQUEST_TIMEOUT = 60.0
+TIERS = {"runc": "container", "runsc": "kernel"}
+RUNTIMES = [r for r in os.environ.get("PLIMSOLL_TEST_DOCKER_RUNTIMES", "runc runsc").split() if r]
+
+
+def docker(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(["docker", *args], capture_output=True, text=True, timeout=60)
+
+
+def docker_problem() -> Optional[str]:
+    try:
+        if docker("version", "--format", "{{.Server.Version}}").returncode != 0:
+            return "docker does not answer; run scripts/setup-docker"
+    except (OSError, subprocess.TimeoutExpired) as e:
+        return f"docker is not usable ({e}); run scripts/setup-docker"
+    if docker("image", "inspect", SNIPPET_IMAGE).returncode != 0:
+        return f"image {SNIPPET_IMAGE} is missing; run images/build"
+    return None
+
+
+class DockerDaemon:
+    """A running plimsolld with the docker provider and exactly this environment (plus PATH)."""
+
+    def __init__(self, runtime: str) -> None:
+        if not BINARY.is_file():
+            raise RuntimeError(f"{BINARY} does not exist: run `cargo build -p plimsolld` first")
+        self.token = secrets.token_hex(24)
+        env = {
+            "PATH": os.environ.get("PATH", ""),
+            "SANDBOX_PROVIDER": "docker",
+            "PLIMSOLL_TOKEN": self.token,
+            "PLIMSOLL_ADDR": "127.0.0.1:0",
+            "PLIMSOLL_METRICS_ADDR": "off",
+        }
+        if runtime != "runc":
+            env["SANDBOX_DOCKER_RUNTIME"] = runtime
+        self.log: List[str] = []
+        self.line: Dict[str, object] = {}
+        self._listening = threading.Event()
+        self.proc = subprocess.Popen(
+            [str(BINARY)], env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
+        )
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+        if not self._listening.wait(START_TIMEOUT) or not self.line:
+            self.proc.kill()
+            self.proc.wait()
+            raise RuntimeError("plimsolld did not start listening; its log:\n" + "\n".join(self.log))
+        host, _, port = str(self.line["addr"]).rpartition(":")
+        self.url = f"http://{host}:{port}"
+
+    def _read(self) -> None:
+        assert self.proc.stderr is not None
+        for raw in self.proc.stderr:
+            text = raw.decode("utf-8", "replace").rstrip("\n")
+            self.log.append(text)
+            try:
+                record = json.loads(text)
+            except ValueError:
+                continue
+            if isinstance(record, dict) and record.get("msg") == "plimsolld listening":
+                self.line = record
+                self._listening.set()
+        self._listening.set()
+
+    def stop(self) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+        try:
+            return self.proc.wait(60)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+            raise AssertionError("plimsolld did not exit within 60 s of SIGTERM")
+        finally:
+            self._reader.join(5)
+            if self.proc.stderr is not None:
+                self.proc.stderr.close()
+
+
+class DockerInteropTest(unittest.TestCase):
+    def setUp(self) -> None:
+        problem = docker_problem()
+        if problem is None:
+            return
+        if os.environ.get("PLIMSOLL_TEST_DOCKER_SKIP") == "1":
+            self.skipTest(f"PLIMSOLL_TEST_DOCKER_SKIP=1: {problem}")
+        self.fail(f"{problem} (set PLIMSOLL_TEST_DOCKER_SKIP=1 to skip on a developer machine)")
+
+    def test_six_times_seven_under_each_runtime_with_a_verified_record(self) -> None:
+        image_id = docker("image", "inspect", "--format", "{{.Id}}", SNIPPET_IMAGE).stdout.strip()
+        self.assertTrue(image_id.startswith("sha256:"), image_id)
+        for runtime in RUNTIMES:
+            with self.subTest(runtime=runtime):
+                daemon = DockerDaemon(runtime)
+                try:
+                    client = pc.Client(daemon.url, daemon.token, request_timeout=REQUEST_TIMEOUT)
+                    info = client.describe()
+                    self.assertEqual((info.provider, info.isolation), ("docker", TIERS[runtime]))
+                    self.assertEqual(info.javascript_environment.identity, image_id)
+                    # run_javascript verifies the record against the request it sent, and the
+                    # floor against the answer's tier.
+                    result = client.run_javascript("console.log(6*7)", minimum_isolation=TIERS[runtime])
+                    self.assertEqual((result.stdout, result.stderr, result.exit_code), (b"42\n", b"", 0))
+                    self.assertFalse(result.timed_out or result.stdout_truncated or result.stderr_truncated)
+                    self.assertEqual((result.provider, result.isolation), ("docker", TIERS[runtime]))
+                    self.assertEqual((result.environment, result.record.environment), (image_id, image_id))
+                    self.assertRegex(result.record.instance, re.compile(r"docker-container:[0-9a-f]{64}"))
+                    timed = client.run_javascript("for (;;) {}", timeout=1.0)
+                    self.assertEqual((timed.exit_code, timed.timed_out), (124, True))
+                finally:
+                    code = daemon.stop()
+                self.assertEqual(code, 0, "plimsolld after SIGTERM; its log:\n" + "\n".join(daemon.log))
+
+
+if __name__ == "__main__":
+    unittest.main(verbosity=2)

@@ -1,0 +1,134 @@
+//! The benchmark: not a timed test, run with `--ignored --nocapture`.
+
+use super::*;
+
+fn percentile(sorted: &[f64], p: f64) -> f64 {
+    let rank = ((p / 100.0) * (sorted.len() as f64 - 1.0)).round() as usize;
+    sorted[rank.min(sorted.len() - 1)]
+}
+
+/// N snippets through the daemon against N raw `docker run --rm -i` with the same flags,
+/// interleaved in one run. `PLIMSOLL_BENCH_N` sets N (default 30).
+#[test]
+#[ignore = "benchmark: cargo test -p plimsoll-tests --test docker -- --ignored --nocapture bench"]
+fn bench_daemon_against_raw_docker_run() {
+    require_docker!();
+    let n: usize = std::env::var("PLIMSOLL_BENCH_N")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(30);
+    let d = Daemon::start(&env_with(&[]));
+    let id = image_id(SNIPPET_IMAGE);
+    let script = include_str!("../../../images/start.sh");
+    let mut flags: Vec<String> = [
+        "run",
+        "--rm",
+        "-i",
+        "--log-driver",
+        "none",
+        "--memory",
+        "256m",
+        "--memory-swap",
+        "256m",
+        "--cpus",
+        "1",
+        "--read-only",
+        "--tmpfs",
+        "/tmp:rw,noexec,nosuid,size=16m",
+        "--tmpfs",
+        "/dev/shm:rw,noexec,nosuid,size=16m",
+        "--user",
+        "61000:61000",
+        "--cap-drop",
+        "ALL",
+        "--security-opt",
+        "no-new-privileges",
+        "--ulimit",
+        "core=0",
+        "--ulimit",
+        "nofile=4096:4096",
+        "--ipc",
+        "private",
+        "--no-healthcheck",
+        "--network",
+        "none",
+    ]
+    .iter()
+    .map(|s| (*s).to_owned())
+    .collect();
+    if runsc() {
+        flags.extend(
+            [
+                "--runtime",
+                "runsc",
+                "--pids-limit",
+                "4096",
+                "--ulimit",
+                "nproc=256:256",
+            ]
+            .map(str::to_owned),
+        );
+    } else {
+        flags.extend(["--pids-limit", "256"].map(str::to_owned));
+    }
+    flags.extend(
+        [
+            "--entrypoint",
+            "/usr/bin/env",
+            &id,
+            "-i",
+            "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+            "/bin/sh",
+            "-c",
+            script,
+            "sh",
+            "plimsoll-started:0000000000000000",
+            "node",
+            "-",
+        ]
+        .map(str::to_owned),
+    );
+    let code = "console.log(1)";
+    let (mut daemon_ms, mut raw_ms) = (Vec::new(), Vec::new());
+    // One warm-up of each, not counted.
+    for i in 0..=n {
+        let t = Instant::now();
+        let ran = run(&d, code, 10_000);
+        let daemon = t.elapsed().as_secs_f64() * 1000.0;
+        assert_eq!(ran.stdout, "1\n");
+        let t = Instant::now();
+        let mut child = Command::new("docker")
+            .args(&flags)
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap();
+        use std::io::Write as _;
+        child
+            .stdin
+            .take()
+            .unwrap()
+            .write_all(code.as_bytes())
+            .unwrap();
+        let out = child.wait_with_output().unwrap();
+        let raw = t.elapsed().as_secs_f64() * 1000.0;
+        assert_eq!(String::from_utf8_lossy(&out.stdout), "1\n");
+        if i > 0 {
+            daemon_ms.push(daemon);
+            raw_ms.push(raw);
+        }
+    }
+    for v in [&mut daemon_ms, &mut raw_ms] {
+        v.sort_by(f64::total_cmp);
+    }
+    let (dp50, dp95) = (percentile(&daemon_ms, 50.0), percentile(&daemon_ms, 95.0));
+    let (rp50, rp95) = (percentile(&raw_ms, 50.0), percentile(&raw_ms, 95.0));
+    stop(d);
+    println!(
+        "bench docker {runtime} n={n}: daemon p50 {dp50:.1} ms p95 {dp95:.1} ms | docker run --rm p50 {rp50:.1} ms p95 {rp95:.1} ms | ratio p50 {:.2} p95 {:.2}",
+        dp50 / rp50,
+        dp95 / rp95,
+        runtime = runtime()
+    );
+}
