@@ -658,8 +658,8 @@ fn count_shed(resp: &Response, req: &Request, i: u64, tally: &mut Tally) {
 }
 
 #[test]
-fn after_thousands_of_mixed_requests_every_slot_is_free_again() {
-    const REQUESTS: u64 = 6_000;
+fn after_ten_thousand_mixed_requests_every_slot_is_free_again() {
+    const REQUESTS: u64 = 10_000;
     const THREADS: u64 = 8;
     const CAP: u32 = 4;
     const TIME_BOUND: Duration = Duration::from_secs(150);
