@@ -36,16 +36,16 @@
 //!
 //! # Concepts
 //!
-//! - [`tier`]: [`tier::IsolationTier`] (`none < process < container < kernel < vm`)
+//! - [`tier`] — [`tier::IsolationTier`] (`none < process < container < kernel < vm`)
 //!   and [`tier::Floor`], the weakest tier a caller accepts.
-//! - [`refusal`]: every refusal, with its Connect code and `NotDispatched`
+//! - [`refusal`] — every refusal, with its Connect code and `NotDispatched`
 //!   reason — the one table both sides use. Only a refusal that provably ran
 //!   nothing carries a reason.
-//! - [`validate`]: the request limits and rules (wire.md §6), shared by the
+//! - [`validate`] — the request limits and rules (wire.md §6), shared by the
 //!   daemon and the client.
-//! - [`record`]: request, result and record digests, the software-rule id, the
+//! - [`record`] — request, result and record digests, the software-rule id, the
 //!   session fingerprint, and the checks a client makes on every answer.
-//! - [`wire`]: the generated protocol messages and service.
+//! - [`wire`] — the generated protocol messages and service.
 //! - `client` (feature `client`): calls a daemon and re-checks every answer.
 //! - `attest` (feature `attest`): Ed25519 signatures over records, outside the daemon.
 #![forbid(unsafe_code)]

@@ -34,6 +34,7 @@ import plimsoll_client as pc
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 BINARY = pathlib.Path(os.environ.get("PLIMSOLLD") or ROOT / "target" / "debug" / "plimsolld")
 SNIPPET_IMAGE = "plimsoll/sandbox-node:latest"
+PROJECT_IMAGE = "plimsoll/sandbox:latest"
 START_TIMEOUT = 120.0
 REQUEST_TIMEOUT = 60.0
 TIERS = {"runc": "container", "runsc": "kernel"}
@@ -145,6 +146,40 @@ class DockerInteropTest(unittest.TestCase):
                     self.assertRegex(result.record.instance, re.compile(r"docker-container:[0-9a-f]{64}"))
                     timed = client.run_javascript("for (;;) {}", timeout=1.0)
                     self.assertEqual((timed.exit_code, timed.timed_out), (124, True))
+                finally:
+                    code = daemon.stop()
+                self.assertEqual(code, 0, "plimsolld after SIGTERM; its log:\n" + "\n".join(daemon.log))
+
+    def test_the_golden_project_and_a_failing_step_with_verified_records(self) -> None:
+        image_id = docker("image", "inspect", "--format", "{{.Id}}", PROJECT_IMAGE).stdout.strip()
+        self.assertTrue(image_id.startswith("sha256:"), image_id)
+        files = [("main.js", "console.log(require('./lib.js'))"), ("lib.js", "module.exports = 42")]
+        for runtime in RUNTIMES:
+            with self.subTest(runtime=runtime):
+                daemon = DockerDaemon(runtime)
+                try:
+                    client = pc.Client(daemon.url, daemon.token, request_timeout=REQUEST_TIMEOUT)
+                    info = client.describe()
+                    self.assertTrue(info.supports_project)
+                    self.assertEqual(info.project_environment.identity, image_id)
+                    self.assertEqual(info.project_environment.max_timeout_ms, 120_000)
+                    self.assertIn("javascript", info.project_environment.languages)
+                    # run_project verifies the record against the request it sent.
+                    result = client.run_project(
+                        files,
+                        ["node main.js > out.txt", "cat out.txt"],
+                        ["out.txt"],
+                        minimum_isolation=TIERS[runtime],
+                    )
+                    self.assertEqual(result.outcome, "completed", result.detail)
+                    self.assertEqual([s.exit_code for s in result.steps], [0, 0])
+                    self.assertEqual(result.steps[1].stdout, b"42\n")
+                    self.assertEqual([(a.path, a.content) for a in result.artifacts], [("out.txt", b"42\n")])
+                    self.assertFalse(result.artifacts_truncated)
+                    self.assertEqual((result.environment, result.record.environment), (image_id, image_id))
+                    stopped = client.run_project({}, ["true", "exit 3", "echo never"])
+                    self.assertEqual(stopped.outcome, "completed")
+                    self.assertEqual([s.exit_code for s in stopped.steps], [0, 3])
                 finally:
                     code = daemon.stop()
                 self.assertEqual(code, 0, "plimsolld after SIGTERM; its log:\n" + "\n".join(daemon.log))

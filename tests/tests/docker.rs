@@ -238,5 +238,7 @@ mod bench;
 mod hostile;
 #[path = "docker/lifecycle.rs"]
 mod lifecycle;
+#[path = "docker/project.rs"]
+mod project;
 #[path = "docker/record.rs"]
 mod record;

@@ -25,6 +25,7 @@ use async_trait::async_trait;
 use plimsoll::refusal::Refusal;
 use plimsoll::tier::IsolationTier;
 use plimsoll::validate::PayloadKind;
+use plimsoll::wire::{ProjectFile, ProjectResult};
 
 use crate::config::{Config, ProviderKind};
 
@@ -116,6 +117,33 @@ pub struct SnippetOutcome {
     pub instance: String,
 }
 
+/// One project to run: files written under the work directory, then the steps in order,
+/// then the artifacts read back (wire.md §6.5, providers.md §5.9).
+#[derive(Debug, Clone)]
+pub struct ProjectPlan {
+    /// The files, already validated (clean relative paths, UTF-8, within the limits).
+    pub files: Vec<ProjectFile>,
+    /// The shell commands, 1–20, each ≤ 16 KiB.
+    pub steps: Vec<String>,
+    /// The artifact paths to bring back, ≤ 100.
+    pub artifacts: Vec<String>,
+    /// The effective timeout of the whole plan (defaulted and clamped).
+    pub timeout: Duration,
+}
+
+/// What a project run produced: a typed outcome, never an error, once the sandbox started.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct ProjectReport {
+    /// The result as it goes on the wire (outcome, detail, steps, artifacts).
+    pub result: ProjectResult,
+    /// The outer artifact actually selected (the record's `environment`).
+    pub environment: String,
+    /// The selected executable manifest, or "".
+    pub software_identity: String,
+    /// The sandbox instance that ran it, as a typed reference, or "".
+    pub instance: String,
+}
+
 /// Why a provider could not do what was asked.
 #[derive(Debug, thiserror::Error)]
 pub enum ProviderError {
@@ -165,6 +193,23 @@ pub trait Provider: Send + Sync + 'static {
 
     /// Runs a JavaScript snippet in a fresh sandbox.
     async fn run_snippet(&self, run: SnippetRun) -> Result<SnippetOutcome, ProviderError>;
+
+    /// The timeout a project gets when the request states none, in ms.
+    fn default_project_timeout_ms(&self) -> u32 {
+        30_000
+    }
+
+    /// Runs a project in a fresh sandbox. Once the sandbox started, every ending (a failing
+    /// step, a timeout, a runner that did not report) is a [`ProjectReport`] with its
+    /// outcome; an error means nothing is known about the run.
+    ///
+    /// By default a provider refuses projects ([`Provider::unsupported`]): nothing runs.
+    async fn run_project(&self, plan: ProjectPlan) -> Result<ProjectReport, ProviderError> {
+        let _ = plan;
+        Err(ProviderError::Refused(
+            self.unsupported(PayloadKind::Project),
+        ))
+    }
 
     /// Ends in-flight work within `budget` at shutdown.
     async fn drain(&self, budget: Duration) {

@@ -10,13 +10,16 @@ use plimsoll::refusal::Refusal;
 use plimsoll::tier::{Floor, IsolationTier};
 use plimsoll::validate::{self, PayloadKind};
 use plimsoll::wire::{
-    JavaScriptResult, RunRequest, RunResponse, SoftwareRule, run_request, run_response,
+    JavaScriptResult, ProjectOutcome, RunRequest, RunResponse, SoftwareRule, run_request,
+    run_response,
 };
 
 use super::{State, answer_error};
 use crate::admission::Permit;
 use crate::auth::Principal;
-use crate::provider::{Description, ProviderError, SnippetOutcome, SnippetRun};
+use crate::provider::{
+    Description, ProjectPlan, ProjectReport, ProviderError, SnippetOutcome, SnippetRun,
+};
 use crate::record::Answer;
 
 /// Handles one `Run` request.
@@ -49,17 +52,32 @@ pub(super) async fn handle(
     // 8: admission; sheds at once, never queues.
     let permit = state.admission.admit(principal.audit_key())?;
     // 9: dispatch.
-    let Some(run_request::Payload::Javascript(js)) = req.payload.as_ref() else {
-        return Err(state.provider.unsupported(kind).into());
-    };
-    let timeout_ms = validate::effective_timeout_ms(
-        req.timeout_ms,
-        state.provider.default_timeout_ms(),
-        description.javascript.max_timeout_ms,
-    );
-    let run = SnippetRun {
-        code: js.code.clone(),
-        timeout: Duration::from_millis(u64::from(timeout_ms)),
+    let job = match req.payload.as_ref() {
+        Some(run_request::Payload::Javascript(js)) => {
+            let timeout_ms = validate::effective_timeout_ms(
+                req.timeout_ms,
+                state.provider.default_timeout_ms(),
+                description.javascript.max_timeout_ms,
+            );
+            Job::Snippet(SnippetRun {
+                code: js.code.clone(),
+                timeout: Duration::from_millis(u64::from(timeout_ms)),
+            })
+        }
+        Some(run_request::Payload::Project(p)) if description.supports_project => {
+            let timeout_ms = validate::effective_timeout_ms(
+                req.timeout_ms,
+                state.provider.default_project_timeout_ms(),
+                description.project.max_timeout_ms,
+            );
+            Job::Project(ProjectPlan {
+                files: p.files.clone(),
+                steps: p.steps.clone(),
+                artifacts: p.artifacts.clone(),
+                timeout: Duration::from_millis(u64::from(timeout_ms)),
+            })
+        }
+        _ => return Err(state.provider.unsupported(kind).into()),
     };
     // The run lives in its own task holding the permit: if the caller goes
     // away (and this future with it), the sandbox still runs to its end, only
@@ -72,9 +90,15 @@ pub(super) async fn handle(
         description,
         req,
     };
-    tokio::spawn(dispatch.run(run, permit))
+    tokio::spawn(dispatch.run(job, permit))
         .await
         .map_err(|e| super::internal(&format!("run task failed: {e}")))?
+}
+
+/// What an admitted run executes.
+enum Job {
+    Snippet(SnippetRun),
+    Project(ProjectPlan),
 }
 
 // === impl Dispatch ===
@@ -90,11 +114,23 @@ struct Dispatch {
 }
 
 impl Dispatch {
-    /// Runs the snippet, frees the slot once the sandbox is gone, then counts,
+    /// Runs the job, frees the slot once the sandbox is gone, then counts,
     /// answers and audits the run, whether or not anyone still waits for it.
-    async fn run(self, run: SnippetRun, permit: Permit) -> Result<RunResponse, ConnectError> {
-        let code_bytes = run.code.len();
-        let outcome = self.state.provider.run_snippet(run).await;
+    async fn run(self, job: Job, permit: Permit) -> Result<RunResponse, ConnectError> {
+        let (outcome, code_bytes) = match job {
+            Job::Snippet(run) => {
+                let bytes = run.code.len();
+                let out = self.state.provider.run_snippet(run).await;
+                (out.map(Done::Snippet), bytes)
+            }
+            Job::Project(plan) => {
+                // A project's code: its files and its steps.
+                let bytes = plan.files.iter().map(|f| f.content.len()).sum::<usize>()
+                    + plan.steps.iter().map(String::len).sum::<usize>();
+                let out = self.state.provider.run_project(plan).await;
+                (out.map(Done::Project), bytes)
+            }
+        };
         // A provider's own refusal ran nothing, so it is not counted as a run.
         // Counted before the slot goes back, so a gauge at zero finds every
         // finished run counted.
@@ -103,14 +139,24 @@ impl Dispatch {
         }
         drop(permit);
         let outcome = outcome.map_err(|e| answer_error(e, &self.state.metrics))?;
-        let resp = answer_snippet(
-            &self.arrived,
-            &self.req,
-            self.description.sandbox,
-            self.tier,
-            &self.description.policy,
-            outcome,
-        );
+        let resp = match outcome {
+            Done::Snippet(out) => answer_snippet(
+                &self.arrived,
+                &self.req,
+                self.description.sandbox,
+                self.tier,
+                &self.description.policy,
+                out,
+            ),
+            Done::Project(out) => answer_project(
+                &self.arrived,
+                &self.req,
+                self.description.sandbox,
+                self.tier,
+                &self.description.policy,
+                out,
+            ),
+        };
         audit(
             &self.principal,
             &self.req,
@@ -120,6 +166,12 @@ impl Dispatch {
         );
         Ok(resp)
     }
+}
+
+/// What a job produced.
+enum Done {
+    Snippet(SnippetOutcome),
+    Project(ProjectReport),
 }
 
 fn check_grant_profile(req: &RunRequest) -> Result<(), Refusal> {
@@ -192,6 +244,28 @@ fn answer_snippet(
     arrived.seal_single(resp, req, policy)
 }
 
+fn answer_project(
+    arrived: &Answer,
+    req: &RunRequest,
+    sandbox: &str,
+    tier: IsolationTier,
+    policy: &str,
+    out: ProjectReport,
+) -> RunResponse {
+    let resp = RunResponse {
+        sandbox: sandbox.to_owned(),
+        isolation: tier.as_str().to_owned(),
+        // wire.md §5.3: for projects, the handler's own clock.
+        duration_ms: i64::try_from(arrived.started.elapsed().as_millis()).unwrap_or(i64::MAX),
+        software_identity: out.software_identity,
+        environment: out.environment,
+        instance: out.instance,
+        result: Some(run_response::Result::Project(Box::new(out.result))),
+        ..Default::default()
+    };
+    arrived.seal_single(resp, req, policy)
+}
+
 fn audit(
     principal: &Principal,
     req: &RunRequest,
@@ -199,9 +273,14 @@ fn audit(
     resp: &RunResponse,
     started: Instant,
 ) {
-    let (exit_code, timed_out) = match &resp.result {
-        Some(run_response::Result::Javascript(js)) => (js.exit_code, js.timed_out),
-        _ => (0, false),
+    let (exit_code, timed_out, outcome) = match &resp.result {
+        Some(run_response::Result::Javascript(js)) => (js.exit_code, js.timed_out, ""),
+        Some(run_response::Result::Project(p)) => (
+            p.steps.last().map_or(0, |s| s.exit_code),
+            p.outcome == ProjectOutcome::PROJECT_OUTCOME_TIMED_OUT,
+            outcome_name(p.outcome.to_i32()),
+        ),
+        _ => (0, false, ""),
     };
     let trace = validate::trace_id(&req.trace_id);
     tracing::info!(
@@ -212,11 +291,24 @@ fn audit(
         isolation = %resp.isolation,
         exit_code,
         timed_out,
+        outcome,
         duration_ms = started.elapsed().as_millis() as u64,
         trace_id = trace.unwrap_or_default(),
         trace_id_rejected = trace.is_none() && !req.trace_id.is_empty(),
         "code run"
     );
+}
+
+/// A project outcome's client name (wire.md §5.4), for the log.
+fn outcome_name(number: i32) -> &'static str {
+    match number {
+        1 => "completed",
+        2 => "setup_failed",
+        3 => "timed_out",
+        4 => "protocol_error",
+        5 => "runner_failed",
+        _ => "unspecified",
+    }
 }
 
 #[cfg(test)]
@@ -352,5 +444,47 @@ mod tests {
             "the run was counted by the time its slot came back"
         );
         assert!(state.admission.admit("b").is_ok());
+    }
+
+    #[tokio::test]
+    async fn a_project_on_a_provider_without_projects_is_refused_and_runs_nothing() {
+        let provider = Arc::new(Gated {
+            gate: Notify::new(),
+        });
+        let state = state(provider.clone());
+        let caller = Principal {
+            id: Some("a".to_owned()),
+            scopes: vec!["*".to_owned()],
+        };
+        let req = RunRequest {
+            protocol: PROTOCOL,
+            payload: Some(
+                plimsoll::wire::ProjectRun {
+                    steps: vec!["true".to_owned()],
+                    ..Default::default()
+                }
+                .into(),
+            ),
+            ..Default::default()
+        };
+        let refused = handle(&state, &caller, req).await;
+        let err = refused.expect_err("projects are unsupported here");
+        assert!(
+            err.to_string().contains("cannot run a project payload"),
+            "{err}"
+        );
+        assert_eq!(state.admission.in_flight(), 0);
+        assert!(state.metrics.render().contains("plimsoll_runs_total 0\n"));
+        // The trait's own default refuses too, for a provider that claims support by mistake.
+        let plan = ProjectPlan {
+            files: Vec::new(),
+            steps: vec!["true".to_owned()],
+            artifacts: Vec::new(),
+            timeout: Duration::from_secs(1),
+        };
+        assert!(matches!(
+            provider.run_project(plan).await,
+            Err(ProviderError::Refused(_))
+        ));
     }
 }

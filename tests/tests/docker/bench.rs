@@ -2,24 +2,12 @@
 
 use super::*;
 
-fn percentile(sorted: &[f64], p: f64) -> f64 {
-    let rank = ((p / 100.0) * (sorted.len() as f64 - 1.0)).round() as usize;
-    sorted[rank.min(sorted.len() - 1)]
-}
+const START_SCRIPT: &str = include_str!("../../../images/start.sh");
+const GUEST_PATH: &str = "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
 
-/// N snippets through the daemon against N raw `docker run --rm -i` with the same flags,
-/// interleaved in one run. `PLIMSOLL_BENCH_N` sets N (default 30).
-#[test]
-#[ignore = "benchmark: cargo test -p plimsoll-tests --test docker -- --ignored --nocapture bench"]
-fn bench_daemon_against_raw_docker_run() {
-    require_docker!();
-    let n: usize = std::env::var("PLIMSOLL_BENCH_N")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(30);
-    let d = Daemon::start(&env_with(&[]));
-    let id = image_id(SNIPPET_IMAGE);
-    let script = include_str!("../../../images/start.sh");
+/// `docker run` with plimsoll's lockdown flags (providers.md §5.4) up to the image, the
+/// entrypoint being `/usr/bin/env`; with `/work` for projects.
+fn raw_flags(work: bool) -> Vec<String> {
     let mut flags: Vec<String> = [
         "run",
         "--rm",
@@ -71,16 +59,62 @@ fn bench_daemon_against_raw_docker_run() {
     } else {
         flags.extend(["--pids-limit", "256"].map(str::to_owned));
     }
+    if work {
+        flags.extend(
+            [
+                "--tmpfs",
+                "/work:rw,noexec,nosuid,size=128m,mode=1777",
+                "--workdir",
+                "/work",
+            ]
+            .map(str::to_owned),
+        );
+    }
+    flags.extend(["--entrypoint", "/usr/bin/env"].map(str::to_owned));
+    flags
+}
+
+/// Runs `docker` with `args`, `stdin` on its stdin; returns its stdout.
+fn raw_run(args: &[String], stdin: &[u8]) -> String {
+    use std::io::Write as _;
+    let mut child = Command::new("docker")
+        .args(args)
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    child.stdin.take().unwrap().write_all(stdin).unwrap();
+    let out = child.wait_with_output().unwrap();
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+fn percentile(sorted: &[f64], p: f64) -> f64 {
+    let rank = ((p / 100.0) * (sorted.len() as f64 - 1.0)).round() as usize;
+    sorted[rank.min(sorted.len() - 1)]
+}
+
+/// N snippets through the daemon against N raw `docker run --rm -i` with the same flags,
+/// interleaved in one run. `PLIMSOLL_BENCH_N` sets N (default 30).
+#[test]
+#[ignore = "benchmark: cargo test -p plimsoll-tests --test docker -- --ignored --nocapture bench"]
+fn bench_daemon_against_raw_docker_run() {
+    require_docker!();
+    let n: usize = std::env::var("PLIMSOLL_BENCH_N")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(30);
+    let d = Daemon::start(&env_with(&[]));
+    let id = image_id(SNIPPET_IMAGE);
+    let mut flags = raw_flags(false);
     flags.extend(
         [
-            "--entrypoint",
-            "/usr/bin/env",
-            &id,
+            id.as_str(),
             "-i",
-            "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+            GUEST_PATH,
             "/bin/sh",
             "-c",
-            script,
+            START_SCRIPT,
             "sh",
             "plimsoll-started:0000000000000000",
             "node",
@@ -97,23 +131,9 @@ fn bench_daemon_against_raw_docker_run() {
         let daemon = t.elapsed().as_secs_f64() * 1000.0;
         assert_eq!(ran.stdout, "1\n");
         let t = Instant::now();
-        let mut child = Command::new("docker")
-            .args(&flags)
-            .stdin(std::process::Stdio::piped())
-            .stdout(std::process::Stdio::piped())
-            .stderr(std::process::Stdio::null())
-            .spawn()
-            .unwrap();
-        use std::io::Write as _;
-        child
-            .stdin
-            .take()
-            .unwrap()
-            .write_all(code.as_bytes())
-            .unwrap();
-        let out = child.wait_with_output().unwrap();
+        let out = raw_run(&flags, code.as_bytes());
         let raw = t.elapsed().as_secs_f64() * 1000.0;
-        assert_eq!(String::from_utf8_lossy(&out.stdout), "1\n");
+        assert_eq!(out, "1\n");
         if i > 0 {
             daemon_ms.push(daemon);
             raw_ms.push(raw);
@@ -131,4 +151,88 @@ fn bench_daemon_against_raw_docker_run() {
         dp95 / rp95,
         runtime = runtime()
     );
+}
+
+/// N projects through the daemon against N raw `docker run` of the same commands with the
+/// same flags and `/work` (the files written by `sh`, no runner), interleaved: a 2-step
+/// JavaScript project and a 1-step Python project. `PLIMSOLL_BENCH_N` sets N (default 20).
+#[test]
+#[ignore = "benchmark: cargo test -p plimsoll-tests --test docker -- --ignored --nocapture bench"]
+fn bench_projects_against_raw_docker_run() {
+    require_docker!();
+    let n: usize = std::env::var("PLIMSOLL_BENCH_N")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(20);
+    let d = Daemon::start(&env_with(&[]));
+    let id = image_id(PROJECT_IMAGE);
+    let cases = [
+        (
+            "js 2 steps",
+            "main.js",
+            "console.log(6*7)",
+            vec!["node main.js > out.txt", "cat out.txt"],
+        ),
+        (
+            "python 1 step",
+            "main.py",
+            "print(6*7)",
+            vec!["python3 main.py"],
+        ),
+    ];
+    for (name, file, content, steps) in cases {
+        let body = json!({
+            "protocol": connect::PROTOCOL,
+            "timeoutMs": 30_000,
+            "project": { "files": [{ "path": file, "content": content }], "steps": steps },
+        });
+        // The raw run writes the file from its stdin, then runs the same steps.
+        let script = format!("cat > {file} && {}", steps.join(" && "));
+        let mut flags = raw_flags(true);
+        flags.extend(
+            [
+                id.as_str(),
+                "-i",
+                GUEST_PATH,
+                "/bin/sh",
+                "-c",
+                START_SCRIPT,
+                "sh",
+                "plimsoll-started:0000000000000000",
+                "sh",
+                "-c",
+                script.as_str(),
+            ]
+            .map(str::to_owned),
+        );
+        let (mut daemon_ms, mut raw_ms) = (Vec::new(), Vec::new());
+        for i in 0..=n {
+            let t = Instant::now();
+            let resp = send(d.addr, &connect::call("Run", &body));
+            let daemon = t.elapsed().as_secs_f64() * 1000.0;
+            assert_eq!(resp.status, 200, "{resp}");
+            let v = resp.json();
+            assert_eq!(v["project"]["outcome"], "PROJECT_OUTCOME_COMPLETED", "{v}");
+            let t = Instant::now();
+            let out = raw_run(&flags, content.as_bytes());
+            let raw = t.elapsed().as_secs_f64() * 1000.0;
+            assert_eq!(out, "42\n");
+            if i > 0 {
+                daemon_ms.push(daemon);
+                raw_ms.push(raw);
+            }
+        }
+        for v in [&mut daemon_ms, &mut raw_ms] {
+            v.sort_by(f64::total_cmp);
+        }
+        let (dp50, dp95) = (percentile(&daemon_ms, 50.0), percentile(&daemon_ms, 95.0));
+        let (rp50, rp95) = (percentile(&raw_ms, 50.0), percentile(&raw_ms, 95.0));
+        println!(
+            "bench docker {runtime} project {name} n={n}: daemon p50 {dp50:.1} ms p95 {dp95:.1} ms | docker run --rm p50 {rp50:.1} ms p95 {rp95:.1} ms | ratio p50 {:.2} p95 {:.2}",
+            dp50 / rp50,
+            dp95 / rp95,
+            runtime = runtime()
+        );
+    }
+    stop(d);
 }

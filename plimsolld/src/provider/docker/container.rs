@@ -56,6 +56,9 @@ pub struct Request<'a> {
     pub argv: Vec<String>,
     /// Run variables after the image's own ENV (`NAME=value`).
     pub run_env: Vec<String>,
+    /// Whether the command gets the image's own ENV (the project runner does not: it hands
+    /// the image's ENV to the steps itself).
+    pub image_env: bool,
     /// What the command reads on stdin (the snippet's code).
     pub stdin: Vec<u8>,
     /// The guest's time, from the start of the container.
@@ -66,6 +69,8 @@ pub struct Request<'a> {
     pub socket: Option<&'a Path>,
     /// `run` or `smoke`.
     pub role: &'static str,
+    /// How much of stdout to keep (stderr keeps [`OUTPUT_CAP`](super::settings::OUTPUT_CAP)).
+    pub stdout_cap: usize,
     /// Told the container id once the container has started.
     pub started: Option<tokio::sync::oneshot::Sender<String>>,
 }
@@ -106,6 +111,7 @@ pub async fn run(ctx: &Context<'_>, req: Request<'_>) -> Result<Finished, Docker
         image: req.image,
         argv: &req.argv,
         run_env: &req.run_env,
+        image_env: req.image_env,
         work: req.work,
         socket: req.socket,
         role: req.role,
@@ -114,7 +120,13 @@ pub async fn run(ctx: &Context<'_>, req: Request<'_>) -> Result<Finished, Docker
     };
     prepare(ctx, &shape)
         .await?
-        .run(ctx.engine, req.stdin, req.timeout, req.started)
+        .run(
+            ctx.engine,
+            req.stdin,
+            req.timeout,
+            req.stdout_cap,
+            req.started,
+        )
         .await
 }
 
@@ -126,6 +138,8 @@ pub struct Prepare<'a> {
     pub argv: &'a [String],
     /// Run variables after the image's own ENV.
     pub run_env: &'a [String],
+    /// Whether the command gets the image's own ENV.
+    pub image_env: bool,
     /// Whether to mount `/work`.
     pub work: bool,
     /// A host socket to mount at `/run/host-api.sock`.
@@ -158,7 +172,11 @@ pub struct Prepared {
 pub async fn prepare(ctx: &Context<'_>, shape: &Prepare<'_>) -> Result<Prepared, DockerError> {
     let name = format!("crsbx-{}", random_hex());
     let marker = format!("plimsoll-started:{}", random_hex());
-    let mut env = shape.image.env.clone();
+    let mut env = if shape.image_env {
+        shape.image.env.clone()
+    } else {
+        Vec::new()
+    };
     env.extend(shape.run_env.iter().cloned());
     let body = lockdown::create_body(
         ctx.settings,
@@ -193,13 +211,15 @@ pub async fn prepare(ctx: &Context<'_>, shape: &Prepare<'_>) -> Result<Prepared,
 }
 
 impl Prepared {
-    /// Starts the container with `stdin` as its input and keeps its output until the streams
-    /// end or `timeout` passes; the container is removed when this returns.
+    /// Starts the container with `stdin` as its input and keeps its output (stdout up to
+    /// `stdout_cap`) until the streams end or `timeout` passes; the container is removed when
+    /// this returns.
     pub async fn run(
         self,
         engine: &Engine,
         stdin: Vec<u8>,
         timeout: Duration,
+        stdout_cap: usize,
         started_tell: Option<tokio::sync::oneshot::Sender<String>>,
     ) -> Result<Finished, DockerError> {
         let Prepared {
@@ -223,7 +243,7 @@ impl Prepared {
             // Half-close: with stdin_once, docker then closes the container's stdin.
             let _ = input.shutdown().await;
         });
-        let mut out = Output::new(&marker);
+        let mut out = Output::new(&marker, stdout_cap);
         let mut timed_out = false;
         loop {
             tokio::select! {

@@ -1,5 +1,5 @@
 //! The one container shape every plimsoll container has (providers.md §5.4), as the Engine
-//! API's create body: snippets, the startup proof's probes and (later) projects differ only in
+//! API's create body: snippets, projects and the startup proof's probes differ only in
 //! the fields of [`Shape`].
 //!
 //! The guest never sees the image's ENTRYPOINT, CMD or ENV: the entrypoint is

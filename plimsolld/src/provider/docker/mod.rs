@@ -14,6 +14,8 @@
 //! - [`smoke`]: the startup proof's probe containers and their checks;
 //! - [`lockdown`]: the one container shape (§5.4); [`container`]: one run start to finish,
 //!   with [`output`] (caps and the start marker) and [`removal`] (force-remove, confirmed);
+//! - [`project`]: a project run in the project image, with [`runner`] (the authenticated
+//!   protocol with the runner inside);
 //! - [`pool`]: the next snippet's container, created (never started) ahead of demand;
 //! - [`orphans`]: the sweep of what crashes left;
 //! - [`engine`]: the Engine API with a timeout on every call.
@@ -25,8 +27,10 @@ mod orphans;
 mod output;
 mod pool;
 mod preflight;
+mod project;
 mod readiness;
 mod removal;
+mod runner;
 mod settings;
 mod smoke;
 
@@ -39,12 +43,12 @@ use plimsoll::refusal::Refusal;
 use plimsoll::tier::IsolationTier;
 
 use super::{
-    Description, Environment, Provider, ProviderError, Resources, SnippetOutcome, SnippetRun,
-    TierEvidence,
+    Description, Environment, ProjectPlan, ProjectReport, Provider, ProviderError, Resources,
+    SnippetOutcome, SnippetRun, TierEvidence,
 };
 use crate::config::Config;
 use crate::config::docker::SeccompSetting;
-use container::{Context, Held, Prepare, Request};
+use container::{Context, Held, Prepare};
 use readiness::{ProvenIds, Readiness};
 use settings::Settings;
 
@@ -160,6 +164,9 @@ pub enum DockerError {
     /// Another caller's preflight did not finish within 2 s.
     #[error("preflight is already in progress")]
     PreflightBusy,
+    /// A project plan could not be encoded for the runner.
+    #[error("the project plan could not be encoded: {0}")]
+    Plan(serde_json::Error),
     /// A startup-proof check failed.
     #[error("startup proof check {check:?} failed: {detail}")]
     Smoke { check: &'static str, detail: String },
@@ -274,6 +281,7 @@ impl Inner {
                 image: &verified.snippet,
                 argv: &argv,
                 run_env: &[],
+                image_env: true,
                 work: false,
                 socket: None,
                 role: "run",
@@ -369,10 +377,10 @@ impl Provider for Docker {
                 software_identity: String::new(),
                 languages: vec!["javascript".to_owned()],
             },
-            // Proven at startup; projects themselves are not served yet.
+            supports_project: true,
             project: Environment {
                 identity: ids.map(|i| i.project).unwrap_or_default(),
-                max_timeout_ms: 0,
+                max_timeout_ms: duration_ms(project::MAX_TIMEOUT),
                 software_identity: String::new(),
                 languages,
             },
@@ -406,6 +414,7 @@ impl Provider for Docker {
                     image: &verified.snippet,
                     argv: &argv,
                     run_env: &[],
+                    image_env: true,
                     work: false,
                     socket: None,
                     role: "run",
@@ -417,7 +426,13 @@ impl Provider for Docker {
             }
         };
         let finished = prepared
-            .run(&verified.engine, run.code.into_bytes(), timeout, None)
+            .run(
+                &verified.engine,
+                run.code.into_bytes(),
+                timeout,
+                settings::OUTPUT_CAP,
+                None,
+            )
             .await;
         // The next snippet's container is made after this run, not during it: on a small
         // machine a create beside a start slows the start more than the create saves. Not
@@ -437,6 +452,24 @@ impl Provider for Docker {
             environment: verified.snippet.id.clone(),
             software_identity: String::new(),
             instance: format!("docker-container:{}", finished.container_id),
+        })
+    }
+
+    fn default_project_timeout_ms(&self) -> u32 {
+        duration_ms(project::DEFAULT_TIMEOUT)
+    }
+
+    async fn run_project(&self, plan: ProjectPlan) -> Result<ProjectReport, ProviderError> {
+        let inner = &self.inner;
+        let verified = inner.readiness.check().await.map_err(not_ready)?;
+        let ran = project::run(&inner.context(&verified), &verified.project, &plan)
+            .await
+            .map_err(|e| ProviderError::Infrastructure(e.to_string()))?;
+        Ok(ProjectReport {
+            result: ran.result,
+            environment: verified.project.id.clone(),
+            software_identity: String::new(),
+            instance: format!("docker-container:{}", ran.container_id),
         })
     }
 
@@ -547,40 +580,57 @@ impl Docker {
         Ok(evidence)
     }
 
+    /// §5.12 steps 5 and 7 through the project run path: the runner proves it is not
+    /// inspectable (on every run), a first step proves it again from the outside, and a
+    /// second step names the languages (JavaScript required, Python optional).
     async fn languages(
         &self,
         ctx: &Context<'_>,
         verified: &preflight::Verified,
     ) -> Result<Vec<String>, DockerError> {
-        let finished = container::run(
-            ctx,
-            Request {
-                image: &verified.project,
-                argv: vec!["sh".to_owned(), "-c".to_owned(), LANGUAGE_PROBE.to_owned()],
-                run_env: Vec::new(),
-                stdin: Vec::new(),
-                timeout: Duration::from_secs(30),
-                work: true,
-                socket: None,
-                role: "smoke",
-                started: None,
-            },
-        )
-        .await?;
-        let stdout = String::from_utf8_lossy(&finished.stdout.0);
+        let entries = if self.inner.settings.runtime.is_runsc() {
+            "mem"
+        } else {
+            "mem fd/0 fd/1 environ"
+        };
+        let inspect = format!(
+            "for f in {entries}; do if (: <\"/proc/$PLIMSOLL_RUNNER_PID/$f\") 2>/dev/null; then echo \"runner $f is readable\"; exit 1; fi; done"
+        );
+        let plan = ProjectPlan {
+            files: Vec::new(),
+            steps: vec![inspect, LANGUAGE_PROBE.to_owned()],
+            artifacts: Vec::new(),
+            timeout: Duration::from_secs(30),
+        };
+        let ran = project::run(ctx, &verified.project, &plan).await?;
+        let result = &ran.result;
+        let smoke = |detail: String| DockerError::Smoke {
+            check: "project runner",
+            detail: format!("the project image {}: {detail}", verified.project.reference),
+        };
+        if result.outcome != plimsoll::wire::ProjectOutcome::PROJECT_OUTCOME_COMPLETED
+            || result.steps.len() != 2
+            || result.steps.iter().any(|s| s.exit_code != 0)
+        {
+            return Err(smoke(format!(
+                "outcome {:?} ({}), steps {:?}",
+                result.outcome,
+                result.outcome_detail,
+                result
+                    .steps
+                    .iter()
+                    .map(|s| (s.exit_code, String::from_utf8_lossy(&s.stdout)))
+                    .collect::<Vec<_>>()
+            )));
+        }
+        let stdout = String::from_utf8_lossy(&result.steps[1].stdout);
         let languages: Vec<String> = stdout
             .lines()
             .filter(|l| matches!(*l, "javascript" | "python"))
             .map(str::to_owned)
             .collect();
-        if finished.exit_code != 0 || languages.first().map(String::as_str) != Some("javascript") {
-            return Err(DockerError::Smoke {
-                check: "languages",
-                detail: format!(
-                    "the project image {} answered exit {} with {:?}",
-                    verified.project.reference, finished.exit_code, stdout
-                ),
-            });
+        if languages.first().map(String::as_str) != Some("javascript") {
+            return Err(smoke(format!("the language probe answered {stdout:?}")));
         }
         Ok(languages)
     }

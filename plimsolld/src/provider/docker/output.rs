@@ -59,12 +59,13 @@ pub struct Output {
 }
 
 impl Output {
-    /// Empty streams for a run whose marker is `marker`.
-    pub fn new(marker: &str) -> Output {
+    /// Empty streams for a run whose marker is `marker`, keeping up to `stdout_cap` bytes of
+    /// stdout ([`OUTPUT_CAP`] for a snippet; the project runner's report is larger).
+    pub fn new(marker: &str, stdout_cap: usize) -> Output {
         let mut marker_line = marker.as_bytes().to_vec();
         marker_line.push(b'\n');
         Output {
-            stdout: Capped::new(OUTPUT_CAP),
+            stdout: Capped::new(stdout_cap),
             stderr: Capped::new(OUTPUT_CAP + marker_line.len()),
             marker_line,
         }
@@ -111,7 +112,7 @@ mod tests {
 
     #[test]
     fn the_marker_is_taken_off_stderr_and_the_guest_keeps_a_full_cap() {
-        let mut out = Output::new(MARKER);
+        let mut out = Output::new(MARKER, OUTPUT_CAP);
         out.stderr.push(format!("{MARKER}\n").as_bytes());
         out.stderr.push(&vec![b'e'; OUTPUT_CAP]);
         out.stdout.push(b"hi\n");
@@ -122,13 +123,13 @@ mod tests {
 
     #[test]
     fn no_marker_or_a_late_marker_means_docker_did_not_start_the_command() {
-        let mut out = Output::new(MARKER);
+        let mut out = Output::new(MARKER, OUTPUT_CAP);
         out.stderr.push(b"docker: Error response from daemon\n");
         assert!(!out.marker_seen());
         out.stderr.push(format!("{MARKER}\n").as_bytes());
         assert!(!out.marker_seen());
         assert!(out.guest_streams().is_none());
-        let mut split = Output::new(MARKER);
+        let mut split = Output::new(MARKER, OUTPUT_CAP);
         split.stderr.push(&MARKER.as_bytes()[..5]);
         split
             .stderr

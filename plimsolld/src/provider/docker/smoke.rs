@@ -19,7 +19,7 @@ use tokio::net::UnixListener;
 use super::DockerError;
 use super::container::{self, Context, Request};
 use super::preflight::VerifiedImage;
-use super::settings::Settings;
+use super::settings::{OUTPUT_CAP, Settings};
 
 /// The probe script, run with `node -`.
 const PROBE: &str = include_str!("smoke_probe.js");
@@ -130,11 +130,13 @@ pub async fn probe_image(
             image,
             argv: vec!["node".to_owned(), "-".to_owned()],
             run_env: Vec::new(),
+            image_env: true,
             stdin: PROBE.as_bytes().to_vec(),
             timeout: PROBE_TIMEOUT,
             work,
             socket: Some(socket.path()),
             role: "smoke",
+            stdout_cap: OUTPUT_CAP,
             started: None,
         },
     )
@@ -350,11 +352,13 @@ pub async fn prove_host_pids(ctx: &Context<'_>, image: &VerifiedImage) -> Result
             image,
             argv: vec!["node".to_owned(), "-".to_owned()],
             run_env: Vec::new(),
+            image_env: true,
             stdin: b"setTimeout(() => {}, 2000)".to_vec(),
             timeout: PROBE_TIMEOUT,
             work: false,
             socket: None,
             role: "smoke",
+            stdout_cap: OUTPUT_CAP,
             started: Some(started_tx),
         },
     );
