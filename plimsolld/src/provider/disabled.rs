@@ -91,6 +91,7 @@ mod tests {
             .run_snippet(SnippetRun {
                 code: "console.log(1)".into(),
                 timeout: Duration::from_secs(1),
+                hold: crate::provider::Hold::default(),
             })
             .await
             .expect_err("disabled runs nothing");

@@ -83,13 +83,41 @@ pub struct Description {
     pub policy: String,
 }
 
+/// A run's admission slot, handed to the provider with the run.
+///
+/// The provider drops it only once the run's sandbox is gone — after the
+/// answer, when removal happens later — so admission never counts a sandbox
+/// that still exists as free (providers.md §10.1). Dropping it early
+/// over-admits; holding it forever leaks a slot.
+#[derive(Default)]
+pub struct Hold(Option<Box<dyn Send + Sync + 'static>>);
+
+impl Hold {
+    /// Holds `slot` until this value is dropped.
+    pub fn new(slot: impl Send + Sync + 'static) -> Hold {
+        Hold(Some(Box::new(slot)))
+    }
+}
+
+impl std::fmt::Debug for Hold {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(if self.0.is_some() {
+            "Hold(slot)"
+        } else {
+            "Hold(none)"
+        })
+    }
+}
+
 /// One JavaScript snippet to run.
-#[derive(Debug, Clone)]
+#[derive(Debug)]
 pub struct SnippetRun {
     /// The code, already validated (non-empty, no NUL, ≤ 256 KiB).
     pub code: String,
     /// The effective timeout (defaulted and clamped).
     pub timeout: Duration,
+    /// The admission slot: keep it until the sandbox is gone.
+    pub hold: Hold,
 }
 
 /// What a snippet run produced. A non-zero exit is a result, never an error.
@@ -119,7 +147,7 @@ pub struct SnippetOutcome {
 
 /// One project to run: files written under the work directory, then the steps in order,
 /// then the artifacts read back (wire.md §6.5, providers.md §5.9).
-#[derive(Debug, Clone)]
+#[derive(Debug)]
 pub struct ProjectPlan {
     /// The files, already validated (clean relative paths, UTF-8, within the limits).
     pub files: Vec<ProjectFile>,
@@ -129,6 +157,8 @@ pub struct ProjectPlan {
     pub artifacts: Vec<String>,
     /// The effective timeout of the whole plan (defaulted and clamped).
     pub timeout: Duration,
+    /// The admission slot: keep it until the sandbox is gone.
+    pub hold: Hold,
 }
 
 /// What a project run produced: a typed outcome, never an error, once the sandbox started.

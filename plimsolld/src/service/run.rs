@@ -15,10 +15,9 @@ use plimsoll::wire::{
 };
 
 use super::{State, answer_error};
-use crate::admission::Permit;
 use crate::auth::Principal;
 use crate::provider::{
-    Description, ProjectPlan, ProjectReport, ProviderError, SnippetOutcome, SnippetRun,
+    Description, Hold, ProjectPlan, ProjectReport, ProviderError, SnippetOutcome, SnippetRun,
 };
 use crate::record::Answer;
 
@@ -51,7 +50,9 @@ pub(super) async fn handle(
     check_software(rule, identity)?;
     // 8: admission; sheds at once, never queues.
     let permit = state.admission.admit(principal.audit_key())?;
-    // 9: dispatch.
+    // 9: dispatch. The slot travels with the job: the provider frees it
+    // when the sandbox is gone, which may be after the answer.
+    let hold = Hold::new(permit);
     let job = match req.payload.as_ref() {
         Some(run_request::Payload::Javascript(js)) => {
             let timeout_ms = validate::effective_timeout_ms(
@@ -62,6 +63,7 @@ pub(super) async fn handle(
             Job::Snippet(SnippetRun {
                 code: js.code.clone(),
                 timeout: Duration::from_millis(u64::from(timeout_ms)),
+                hold,
             })
         }
         Some(run_request::Payload::Project(p)) if description.supports_project => {
@@ -75,13 +77,14 @@ pub(super) async fn handle(
                 steps: p.steps.clone(),
                 artifacts: p.artifacts.clone(),
                 timeout: Duration::from_millis(u64::from(timeout_ms)),
+                hold,
             })
         }
         _ => return Err(state.provider.unsupported(kind).into()),
     };
-    // The run lives in its own task holding the permit: if the caller goes
-    // away (and this future with it), the sandbox still runs to its end, only
-    // then frees the slot, and is still counted and audited.
+    // The run lives in its own task: if the caller goes away (and this future
+    // with it), the sandbox still runs to its end, keeps its slot until it is
+    // gone, and is still counted and audited.
     let dispatch = Dispatch {
         state: state.clone(),
         principal: principal.clone(),
@@ -90,7 +93,7 @@ pub(super) async fn handle(
         description,
         req,
     };
-    tokio::spawn(dispatch.run(job, permit))
+    tokio::spawn(dispatch.run(job))
         .await
         .map_err(|e| super::internal(&format!("run task failed: {e}")))?
 }
@@ -114,9 +117,10 @@ struct Dispatch {
 }
 
 impl Dispatch {
-    /// Runs the job, frees the slot once the sandbox is gone, then counts,
-    /// answers and audits the run, whether or not anyone still waits for it.
-    async fn run(self, job: Job, permit: Permit) -> Result<RunResponse, ConnectError> {
+    /// Runs the job (the provider frees its slot once the sandbox is gone),
+    /// then counts, answers and audits the run, whether or not anyone still
+    /// waits for it.
+    async fn run(self, job: Job) -> Result<RunResponse, ConnectError> {
         let (outcome, code_bytes) = match job {
             Job::Snippet(run) => {
                 let bytes = run.code.len();
@@ -132,12 +136,11 @@ impl Dispatch {
             }
         };
         // A provider's own refusal ran nothing, so it is not counted as a run.
-        // Counted before the slot goes back, so a gauge at zero finds every
-        // finished run counted.
+        // Counted as soon as the provider is done; a provider whose sandbox
+        // outlives the answer (docker's removal) still holds the slot.
         if !matches!(outcome, Err(ProviderError::Refused(_))) {
             self.state.metrics.run_dispatched();
         }
-        drop(permit);
         let outcome = outcome.map_err(|e| answer_error(e, &self.state.metrics))?;
         let resp = match outcome {
             Done::Snippet(out) => answer_snippet(
@@ -481,6 +484,7 @@ mod tests {
             steps: vec!["true".to_owned()],
             artifacts: Vec::new(),
             timeout: Duration::from_secs(1),
+            hold: Hold::default(),
         };
         assert!(matches!(
             provider.run_project(plan).await,

@@ -243,3 +243,45 @@ fn images_pinned_by_content_id_serve_and_tags_are_refused_when_pinning_is_requir
         refused.stderr
     );
 }
+
+/// providers.md §10.1: a run's admission slot is released when its sandbox is
+/// gone, not when its call returns. With the cap at one, whenever the daemon
+/// admits the next run, the previous run's container no longer exists.
+#[test]
+fn a_slot_comes_back_only_once_its_container_is_removed() {
+    require_docker!();
+    let d = Daemon::start(&env_with(&[("SANDBOX_MAX_CONCURRENT", "1")]));
+    let mut admitted = 0;
+    let deadline = Instant::now() + Duration::from_secs(120);
+    let mut previous: Option<String> = None;
+    while admitted < 4 && Instant::now() < deadline {
+        let body = json!({ "protocol": connect::PROTOCOL, "timeoutMs": 10_000,
+                           "javascript": { "code": "console.log(1)" } });
+        let resp = send(d.addr, &connect::call("Run", &body));
+        if resp.status == 429 {
+            // Refused while the previous container is still being removed: fine.
+            std::thread::sleep(Duration::from_millis(20));
+            continue;
+        }
+        assert_eq!(resp.status, 200, "{resp}");
+        if let Some(id) = previous.take() {
+            // This run was admitted, so the previous run's slot was free: its
+            // container must be gone already.
+            let (exists, out) = docker(&["inspect", "--format", "{{.Id}}", &id]);
+            assert!(
+                !exists,
+                "container {id} still existed when its slot was reused: {out}"
+            );
+        }
+        let v = resp.json();
+        let instance = v["instance"].as_str().unwrap_or_default().to_owned();
+        let id = instance
+            .strip_prefix("docker-container:")
+            .unwrap_or_else(|| panic!("instance {instance:?} names no container"))
+            .to_owned();
+        previous = Some(id);
+        admitted += 1;
+    }
+    assert_eq!(admitted, 4, "four runs should be admitted within the bound");
+    stop(d);
+}

@@ -28,6 +28,7 @@ use super::output::{Kept, Output};
 use super::preflight::VerifiedImage;
 use super::removal;
 use super::settings::Settings;
+use crate::provider::Hold;
 
 /// The exit code of a run the deadline ended.
 pub const EXIT_TIMED_OUT: i32 = 124;
@@ -107,6 +108,15 @@ pub fn unix_now() -> u64 {
 /// Runs `req` in a fresh container and removes it afterwards (in the background: the answer
 /// does not wait for the removal, the drain does).
 pub async fn run(ctx: &Context<'_>, req: Request<'_>) -> Result<Finished, DockerError> {
+    run_holding(ctx, req, Hold::default()).await
+}
+
+/// [`run`], keeping `hold` (the run's admission slot) until the container is removed.
+pub async fn run_holding(
+    ctx: &Context<'_>,
+    req: Request<'_>,
+    hold: Hold,
+) -> Result<Finished, DockerError> {
     let shape = Prepare {
         image: req.image,
         argv: &req.argv,
@@ -118,8 +128,9 @@ pub async fn run(ctx: &Context<'_>, req: Request<'_>) -> Result<Finished, Docker
         // The ceiling of the deadline, with the start budget in front of it.
         lifetime: req.timeout + Duration::from_secs(1) + super::engine::START,
     };
-    prepare(ctx, &shape)
-        .await?
+    let mut prepared = prepare(ctx, &shape).await?;
+    prepared.keep_until_removed(hold);
+    prepared
         .run(
             ctx.engine,
             req.stdin,
@@ -165,7 +176,7 @@ pub struct Prepared {
     /// When it was created.
     pub created: Instant,
     // Dropping the lease removes the container.
-    _lease: Lease,
+    lease: Lease,
 }
 
 /// Creates and attaches a container for `shape`.
@@ -206,11 +217,17 @@ pub async fn prepare(ctx: &Context<'_>, shape: &Prepare<'_>) -> Result<Prepared,
         image_id: shape.image.id.clone(),
         seccomp: ctx.seccomp.map(str::to_owned),
         created: Instant::now(),
-        _lease: lease,
+        lease,
     })
 }
 
 impl Prepared {
+    /// Keeps `hold` until this container has been removed, not merely until
+    /// its run returns.
+    pub fn keep_until_removed(&mut self, hold: Hold) {
+        self.lease.keep = hold;
+    }
+
     /// Starts the container with `stdin` as its input and keeps its output (stdout up to
     /// `stdout_cap`) until the streams end or `timeout` passes; the container is removed when
     /// this returns.
@@ -227,7 +244,7 @@ impl Prepared {
             marker,
             mut output,
             mut input,
-            _lease,
+            lease: _lease,
             ..
         } = self;
         engine.start(&id).await?;
@@ -318,12 +335,19 @@ struct Lease {
     engine: Engine,
     held: Arc<Held>,
     name: String,
+    /// Dropped once the container is removed (the run's admission slot).
+    keep: Hold,
 }
 
 impl Lease {
     fn new(engine: Engine, held: Arc<Held>, name: String) -> Lease {
         held.hold(&name);
-        Lease { engine, held, name }
+        Lease {
+            engine,
+            held,
+            name,
+            keep: Hold::default(),
+        }
     }
 }
 
@@ -332,6 +356,7 @@ impl Drop for Lease {
         let engine = self.engine.clone();
         let held = Arc::clone(&self.held);
         let name = std::mem::take(&mut self.name);
+        let keep = std::mem::take(&mut self.keep);
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
             // No runtime means the process is ending; the expiry label is the backstop.
             held.release(&name);
@@ -340,6 +365,7 @@ impl Drop for Lease {
         runtime.spawn(async move {
             let _ = removal::force_remove(&engine, &name).await;
             held.release(&name);
+            drop(keep);
         });
     }
 }

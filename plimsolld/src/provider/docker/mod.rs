@@ -43,7 +43,7 @@ use plimsoll::refusal::Refusal;
 use plimsoll::tier::IsolationTier;
 
 use super::{
-    Description, Environment, ProjectPlan, ProjectReport, Provider, ProviderError, Resources,
+    Description, Environment, Hold, ProjectPlan, ProjectReport, Provider, ProviderError, Resources,
     SnippetOutcome, SnippetRun, TierEvidence,
 };
 use crate::config::Config;
@@ -399,14 +399,19 @@ impl Provider for Docker {
     }
 
     async fn run_snippet(&self, run: SnippetRun) -> Result<SnippetOutcome, ProviderError> {
+        let SnippetRun {
+            code,
+            timeout,
+            hold,
+        } = run;
         let inner = &self.inner;
         let verified = inner.readiness.check().await.map_err(not_ready)?;
         let infrastructure = |e: DockerError| ProviderError::Infrastructure(e.to_string());
-        let timeout = run.timeout.min(settings::SNIPPET_MAX_TIMEOUT);
+        let timeout = timeout.min(settings::SNIPPET_MAX_TIMEOUT);
         let claimed = inner
             .pool
             .claim(&verified.snippet.id, verified.seccomp.as_deref());
-        let prepared = match claimed {
+        let mut prepared = match claimed {
             Some(member) => member,
             None => {
                 let argv = snippet_argv();
@@ -425,10 +430,12 @@ impl Provider for Docker {
                     .map_err(infrastructure)?
             }
         };
+        // The slot goes with the container: it is freed when removal is done.
+        prepared.keep_until_removed(hold);
         let finished = prepared
             .run(
                 &verified.engine,
-                run.code.into_bytes(),
+                code.into_bytes(),
                 timeout,
                 settings::OUTPUT_CAP,
                 None,
@@ -459,10 +466,12 @@ impl Provider for Docker {
         duration_ms(project::DEFAULT_TIMEOUT)
     }
 
-    async fn run_project(&self, plan: ProjectPlan) -> Result<ProjectReport, ProviderError> {
+    async fn run_project(&self, mut plan: ProjectPlan) -> Result<ProjectReport, ProviderError> {
         let inner = &self.inner;
         let verified = inner.readiness.check().await.map_err(not_ready)?;
-        let ran = project::run(&inner.context(&verified), &verified.project, &plan)
+        // The slot goes with the container: it is freed when removal is done.
+        let hold = std::mem::take(&mut plan.hold);
+        let ran = project::run(&inner.context(&verified), &verified.project, &plan, hold)
             .await
             .map_err(|e| ProviderError::Infrastructure(e.to_string()))?;
         Ok(ProjectReport {
@@ -538,6 +547,7 @@ impl Docker {
             .run_snippet(SnippetRun {
                 code: SMOKE_SNIPPET.to_owned(),
                 timeout: SMOKE_SNIPPET_TIMEOUT,
+                hold: Hold::default(),
             })
             .await?;
         if out.exit_code != 0 || out.timed_out || out.stdout != b"plimsoll-snippet-ok\n" {
@@ -601,8 +611,9 @@ impl Docker {
             steps: vec![inspect, LANGUAGE_PROBE.to_owned()],
             artifacts: Vec::new(),
             timeout: Duration::from_secs(30),
+            hold: Hold::default(),
         };
-        let ran = project::run(ctx, &verified.project, &plan).await?;
+        let ran = project::run(ctx, &verified.project, &plan, Hold::default()).await?;
         let result = &ran.result;
         let smoke = |detail: String| DockerError::Smoke {
             check: "project runner",

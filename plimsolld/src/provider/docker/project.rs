@@ -25,7 +25,7 @@ use super::DockerError;
 use super::container::{self, Context, Finished, Request};
 use super::preflight::VerifiedImage;
 use super::runner::{self, Plan, PlanFile, Report, ReportKey};
-use crate::provider::ProjectPlan;
+use crate::provider::{Hold, ProjectPlan};
 
 /// A project's timeout when the request states none.
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(30);
@@ -58,6 +58,7 @@ pub async fn run(
     ctx: &Context<'_>,
     image: &VerifiedImage,
     plan: &ProjectPlan,
+    hold: Hold,
 ) -> Result<Ran, DockerError> {
     let budget = plan.timeout.min(MAX_TIMEOUT);
     let key = ReportKey::fresh();
@@ -80,7 +81,7 @@ pub async fn run(
         proc_checks,
     };
     let stdin = runner::stdin(&key, &runner_plan).map_err(DockerError::Plan)?;
-    let finished = container::run(
+    let finished = container::run_holding(
         ctx,
         Request {
             image,
@@ -95,6 +96,7 @@ pub async fn run(
             stdout_cap: runner::STDOUT_CAP,
             started: None,
         },
+        hold,
     )
     .await?;
     Ok(Ran {

@@ -36,7 +36,7 @@ use sha2::{Digest, Sha256};
 use tokio::sync::OnceCell;
 
 use super::{
-    Description, Environment, Provider, ProviderError, Resources, SnippetOutcome, SnippetRun,
+    Description, Environment, Hold, Provider, ProviderError, Resources, SnippetOutcome, SnippetRun,
     TierEvidence,
 };
 use crate::config::Config;
@@ -177,6 +177,7 @@ impl Provider for Wasm {
             .run_snippet(SnippetRun {
                 code: PROOF_CODE.to_owned(),
                 timeout: PROOF_TIMEOUT,
+                hold: Hold::default(),
             })
             .await?;
         if out.exit_code != 0 || out.timed_out || out.stdout != PROOF_STDOUT {

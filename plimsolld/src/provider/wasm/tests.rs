@@ -37,6 +37,7 @@ async fn run(provider: &Wasm, code: &str, timeout: Duration) -> SnippetOutcome {
         .run_snippet(SnippetRun {
             code: code.to_owned(),
             timeout,
+            hold: Hold::default(),
         })
         .await
         .expect("a guest's own failure is a result, not an error")
@@ -66,6 +67,7 @@ async fn tier_is_process_only_once_prepared() {
         .run_snippet(SnippetRun {
             code: "1".into(),
             timeout: Duration::from_secs(1),
+            hold: Hold::default(),
         })
         .await
         .expect_err("nothing runs before preflight");
