@@ -13,81 +13,44 @@ Run it with the venv that scripts/setup makes:
 
 from __future__ import annotations
 
-import http.client
-import json
-import os
 import pathlib
-import secrets
-import signal
-import subprocess
+import sys
 import threading
 import time
 import unittest
-from typing import Dict, List, Optional
+from typing import Dict
 
-import plimsoll_client as pc
+# The shared plimsolld_process module sits beside this file; -I leaves it off sys.path.
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+sys.dont_write_bytecode = True  # no __pycache__ beside the tests
 
-ROOT = pathlib.Path(__file__).resolve().parents[2]
-BINARY = pathlib.Path(os.environ.get("PLIMSOLLD") or ROOT / "target" / "debug" / "plimsolld")
+import plimsoll_client as pc  # noqa: E402  (from the venv's site-packages)
+from plimsolld_process import Plimsolld  # noqa: E402
+
 # The first start on a machine compiles the guest (tens of seconds in a debug build).
 START_TIMEOUT = 300.0
 REQUEST_TIMEOUT = 60.0
 SLOW_RUN_S = 3.0
 
 
-class CappedDaemon:
+class CappedDaemon(Plimsolld):
     """plimsolld with the wasm provider and one run slot, metrics on loopback."""
 
+    token: str
+
     def __init__(self) -> None:
-        if not BINARY.is_file():
-            raise RuntimeError(f"{BINARY} does not exist: run `cargo build -p plimsolld` first")
-        self.token = secrets.token_hex(24)
-        env: Dict[str, str] = {
-            "PATH": os.environ.get("PATH", ""),
+        env = {
             "SANDBOX_PROVIDER": "wasm",
-            "PLIMSOLL_TOKEN": self.token,
-            "PLIMSOLL_ADDR": "127.0.0.1:0",
             "PLIMSOLL_METRICS_ADDR": "127.0.0.1:0",
             "SANDBOX_MAX_CONCURRENT": "1",
             "SANDBOX_PER_KEY_CONCURRENT": "0",
             "SANDBOX_RATE_PER_MIN": "0",
         }
-        self.log: List[str] = []
-        self.line: Dict[str, object] = {}
-        self._listening = threading.Event()
-        self.proc = subprocess.Popen(
-            [str(BINARY)], env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
-        )
-        self._reader = threading.Thread(target=self._read, daemon=True)
-        self._reader.start()
-        if not self._listening.wait(START_TIMEOUT) or not self.line:
-            self.proc.kill()
-            self.proc.wait()
-            raise RuntimeError("plimsolld did not start listening; its log:\n" + "\n".join(self.log))
-        self.url = f"http://{self.line['addr']}"
-
-    def _read(self) -> None:
-        assert self.proc.stderr is not None
-        for raw in self.proc.stderr:
-            text = raw.decode("utf-8", "replace").rstrip("\n")
-            self.log.append(text)
-            try:
-                record = json.loads(text)
-            except ValueError:
-                continue
-            if isinstance(record, dict) and record.get("msg") == "plimsolld listening":
-                self.line = record
-                self._listening.set()
-        self._listening.set()
+        super().__init__(env, start_timeout=START_TIMEOUT, token=True)
 
     def inflight(self) -> float:
-        host, _, port = str(self.line["metrics_addr"]).rpartition(":")
-        conn = http.client.HTTPConnection(host, int(port), timeout=10)
-        try:
-            conn.request("GET", "/metrics")
-            text = conn.getresponse().read().decode()
-        finally:
-            conn.close()
+        _, body = self.raw("GET", "/metrics", timeout=10, addr=self.line["metrics_addr"])
+        text = body.decode()
         for line in text.splitlines():
             if line.startswith("plimsoll_inflight "):
                 return float(line.split()[1])
@@ -99,18 +62,6 @@ class CappedDaemon:
             if time.monotonic() > deadline:
                 raise AssertionError(f"plimsoll_inflight did not reach {n} within {within} s")
             time.sleep(0.01)
-
-    def stop(self) -> int:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-        try:
-            return self.proc.wait(30)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
-            raise AssertionError("plimsolld did not exit within 30 s of SIGTERM")
-        finally:
-            self._reader.join(5)
 
 
 class AdmissionTest(unittest.TestCase):
@@ -124,9 +75,7 @@ class AdmissionTest(unittest.TestCase):
 
     @classmethod
     def tearDownClass(cls) -> None:
-        code = cls.daemon.stop()
-        if code != 0:
-            raise AssertionError(f"plimsolld exited {code} after SIGTERM; its log:\n" + "\n".join(cls.daemon.log))
+        cls.daemon.stop_expecting_zero()
 
     def test_a_run_beside_a_full_cap_raises_at_capacity_marked_not_dispatched(self) -> None:
         slow: Dict[str, pc.JavaScriptResult] = {}

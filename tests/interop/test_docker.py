@@ -18,21 +18,21 @@ Run it with the venv that scripts/setup makes:
 
 from __future__ import annotations
 
-import json
 import os
 import pathlib
 import re
-import secrets
-import signal
 import subprocess
-import threading
+import sys
 import unittest
-from typing import Dict, List, Optional
+from typing import Optional
 
-import plimsoll_client as pc
+# The shared plimsolld_process module sits beside this file; -I leaves it off sys.path.
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+sys.dont_write_bytecode = True  # no __pycache__ beside the tests
 
-ROOT = pathlib.Path(__file__).resolve().parents[2]
-BINARY = pathlib.Path(os.environ.get("PLIMSOLLD") or ROOT / "target" / "debug" / "plimsolld")
+import plimsoll_client as pc  # noqa: E402  (from the venv's site-packages)
+from plimsolld_process import Plimsolld  # noqa: E402
+
 SNIPPET_IMAGE = "plimsoll/sandbox-node:latest"
 PROJECT_IMAGE = "plimsoll/sandbox:latest"
 START_TIMEOUT = 120.0
@@ -56,64 +56,16 @@ def docker_problem() -> Optional[str]:
     return None
 
 
-class DockerDaemon:
+class DockerDaemon(Plimsolld):
     """A running plimsolld with the docker provider and exactly this environment (plus PATH)."""
 
+    token: str
+
     def __init__(self, runtime: str) -> None:
-        if not BINARY.is_file():
-            raise RuntimeError(f"{BINARY} does not exist: run `cargo build -p plimsolld` first")
-        self.token = secrets.token_hex(24)
-        env = {
-            "PATH": os.environ.get("PATH", ""),
-            "SANDBOX_PROVIDER": "docker",
-            "PLIMSOLL_TOKEN": self.token,
-            "PLIMSOLL_ADDR": "127.0.0.1:0",
-            "PLIMSOLL_METRICS_ADDR": "off",
-        }
+        env = {"SANDBOX_PROVIDER": "docker"}
         if runtime != "runc":
             env["SANDBOX_DOCKER_RUNTIME"] = runtime
-        self.log: List[str] = []
-        self.line: Dict[str, object] = {}
-        self._listening = threading.Event()
-        self.proc = subprocess.Popen(
-            [str(BINARY)], env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
-        )
-        self._reader = threading.Thread(target=self._read, daemon=True)
-        self._reader.start()
-        if not self._listening.wait(START_TIMEOUT) or not self.line:
-            self.proc.kill()
-            self.proc.wait()
-            raise RuntimeError("plimsolld did not start listening; its log:\n" + "\n".join(self.log))
-        host, _, port = str(self.line["addr"]).rpartition(":")
-        self.url = f"http://{host}:{port}"
-
-    def _read(self) -> None:
-        assert self.proc.stderr is not None
-        for raw in self.proc.stderr:
-            text = raw.decode("utf-8", "replace").rstrip("\n")
-            self.log.append(text)
-            try:
-                record = json.loads(text)
-            except ValueError:
-                continue
-            if isinstance(record, dict) and record.get("msg") == "plimsolld listening":
-                self.line = record
-                self._listening.set()
-        self._listening.set()
-
-    def stop(self) -> int:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-        try:
-            return self.proc.wait(60)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
-            raise AssertionError("plimsolld did not exit within 60 s of SIGTERM")
-        finally:
-            self._reader.join(5)
-            if self.proc.stderr is not None:
-                self.proc.stderr.close()
+        super().__init__(env, start_timeout=START_TIMEOUT, stop_timeout=60.0, token=True)
 
 
 class DockerInteropTest(unittest.TestCase):

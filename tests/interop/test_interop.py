@@ -16,22 +16,21 @@ from __future__ import annotations
 import asyncio
 import base64
 import hashlib
-import http.client
 import json
-import os
 import pathlib
 import secrets
-import signal
-import subprocess
+import sys
 import tempfile
-import threading
 import unittest
-from typing import Dict, List, Optional, Tuple
+from typing import Dict, Optional
 
-import plimsoll_client as pc
+# The shared plimsolld_process module sits beside this file; -I leaves it off sys.path.
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+sys.dont_write_bytecode = True  # no __pycache__ beside the tests
 
-ROOT = pathlib.Path(__file__).resolve().parents[2]
-BINARY = pathlib.Path(os.environ.get("PLIMSOLLD") or ROOT / "target" / "debug" / "plimsolld")
+import plimsoll_client as pc  # noqa: E402  (from the venv's site-packages)
+from plimsolld_process import Plimsolld  # noqa: E402
+
 SERVICE = "/plimsoll.v1.SandboxService/"
 REQUEST_ID = "Plimsoll-Request-Id"
 NOT_DISPATCHED = "Plimsoll-Not-Dispatched"
@@ -39,67 +38,11 @@ START_TIMEOUT = 30.0
 IO_TIMEOUT = 15.0
 
 
-class Daemon:
+class Daemon(Plimsolld):
     """A running plimsolld with exactly the given environment (plus PATH)."""
 
     def __init__(self, env: Optional[Dict[str, str]] = None) -> None:
-        if not BINARY.is_file():
-            raise RuntimeError(f"{BINARY} does not exist: run `cargo build -p plimsolld` first")
-        full = {"PATH": os.environ.get("PATH", ""), "PLIMSOLL_ADDR": "127.0.0.1:0", "PLIMSOLL_METRICS_ADDR": "off"}
-        full.update(env or {})
-        self.log: List[str] = []
-        self._listening = threading.Event()
-        self.line: Dict[str, object] = {}
-        self.proc = subprocess.Popen(
-            [str(BINARY)], env=full, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
-        )
-        self._reader = threading.Thread(target=self._read, daemon=True)
-        self._reader.start()
-        if not self._listening.wait(START_TIMEOUT):
-            self.proc.kill()
-            self.proc.wait()
-            self._reader.join(5)
-            raise RuntimeError("plimsolld did not start listening; its log:\n" + "\n".join(self.log))
-        host, _, port = str(self.line["addr"]).rpartition(":")
-        self.host, self.port = host, int(port)
-        self.url = f"http://{host}:{port}"
-
-    def _read(self) -> None:
-        assert self.proc.stderr is not None
-        for raw in self.proc.stderr:
-            text = raw.decode("utf-8", "replace").rstrip("\n")
-            self.log.append(text)
-            try:
-                record = json.loads(text)
-            except ValueError:
-                continue
-            if isinstance(record, dict) and record.get("msg") == "plimsolld listening" and not self._listening.is_set():
-                self.line = record
-                self._listening.set()
-        self._listening.set()  # the log ended: stop waiting either way
-
-    def stop(self) -> int:
-        """SIGTERM, then the exit code (the process is killed after 30 s)."""
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-        try:
-            return self.proc.wait(30)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
-            raise AssertionError("plimsolld did not exit within 30 s of SIGTERM")
-        finally:
-            self._reader.join(5)
-
-    def raw(self, method: str, path: str, body: bytes = b"", headers: Optional[Dict[str, str]] = None) -> Tuple[http.client.HTTPResponse, bytes]:
-        """One raw HTTP/1.1 exchange; returns the answer and its body."""
-        conn = http.client.HTTPConnection(self.host, self.port, timeout=IO_TIMEOUT)
-        try:
-            conn.request(method, path, body=body, headers=headers or {})
-            resp = conn.getresponse()
-            return resp, resp.read()
-        finally:
-            conn.close()
+        super().__init__(env, start_timeout=START_TIMEOUT)
 
 
 def connect_headers(request_id: str, token: Optional[str] = None) -> Dict[str, str]:
@@ -131,9 +74,7 @@ class OpenDevModeTest(unittest.TestCase):
 
     @classmethod
     def tearDownClass(cls) -> None:
-        code = cls.daemon.stop()
-        if code != 0:
-            raise AssertionError(f"plimsolld exited {code} after SIGTERM; log:\n" + "\n".join(cls.daemon.log))
+        cls.daemon.stop_expecting_zero()
 
     def test_describe_states_disabled_provider_tier_none_protocol_4(self) -> None:
         info = self.client.describe()

@@ -15,22 +15,19 @@ Run it with the venv that scripts/setup makes:
 from __future__ import annotations
 
 import concurrent.futures
-import http.client
-import json
-import os
 import pathlib
-import secrets
-import signal
-import subprocess
-import threading
+import sys
 import time
 import unittest
-from typing import Dict, List, Optional
+from typing import Dict, Optional
 
-import plimsoll_client as pc
+# The shared plimsolld_process module sits beside this file; -I leaves it off sys.path.
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+sys.dont_write_bytecode = True  # no __pycache__ beside the tests
 
-ROOT = pathlib.Path(__file__).resolve().parents[2]
-BINARY = pathlib.Path(os.environ.get("PLIMSOLLD") or ROOT / "target" / "debug" / "plimsolld")
+import plimsoll_client as pc  # noqa: E402  (from the venv's site-packages)
+from plimsolld_process import Plimsolld  # noqa: E402
+
 # The first start on a machine compiles the guest (tens of seconds in a debug build); later
 # starts load the cached artifact in well under a second.
 START_TIMEOUT = 300.0
@@ -38,73 +35,19 @@ REQUEST_TIMEOUT = 60.0
 OUTPUT_CAP = 64 * 1024
 
 
-class WasmDaemon:
+class WasmDaemon(Plimsolld):
     """A running plimsolld with the wasm provider and exactly this environment (plus PATH)."""
 
-    def __init__(self, extra: Optional[Dict[str, str]] = None) -> None:
-        if not BINARY.is_file():
-            raise RuntimeError(f"{BINARY} does not exist: run `cargo build -p plimsolld` first")
-        self.token = secrets.token_hex(24)
-        env = {
-            "PATH": os.environ.get("PATH", ""),
-            "SANDBOX_PROVIDER": "wasm",
-            "PLIMSOLL_TOKEN": self.token,
-            "PLIMSOLL_ADDR": "127.0.0.1:0",
-            "PLIMSOLL_METRICS_ADDR": "off",
-            "SANDBOX_RATE_PER_MIN": "0",
-        }
-        env.update(extra or {})
-        self.log: List[str] = []
-        self.line: Dict[str, object] = {}
-        self._listening = threading.Event()
-        self.proc = subprocess.Popen(
-            [str(BINARY)], env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
-        )
-        self._reader = threading.Thread(target=self._read, daemon=True)
-        self._reader.start()
-        if not self._listening.wait(START_TIMEOUT) or not self.line:
-            self.proc.kill()
-            self.proc.wait()
-            raise RuntimeError("plimsolld did not start listening; its log:\n" + "\n".join(self.log))
-        host, _, port = str(self.line["addr"]).rpartition(":")
-        self.host, self.port = host, int(port)
-        self.url = f"http://{host}:{port}"
+    token: str
 
-    def _read(self) -> None:
-        assert self.proc.stderr is not None
-        for raw in self.proc.stderr:
-            text = raw.decode("utf-8", "replace").rstrip("\n")
-            self.log.append(text)
-            try:
-                record = json.loads(text)
-            except ValueError:
-                continue
-            if isinstance(record, dict) and record.get("msg") == "plimsolld listening":
-                self.line = record
-                self._listening.set()
-        self._listening.set()
+    def __init__(self, extra: Optional[Dict[str, str]] = None) -> None:
+        env = {"SANDBOX_PROVIDER": "wasm", "SANDBOX_RATE_PER_MIN": "0"}
+        env.update(extra or {})
+        super().__init__(env, start_timeout=START_TIMEOUT, token=True)
 
     def healthz(self) -> int:
-        conn = http.client.HTTPConnection(self.host, self.port, timeout=10)
-        try:
-            conn.request("GET", "/healthz")
-            resp = conn.getresponse()
-            resp.read()
-            return resp.status
-        finally:
-            conn.close()
-
-    def stop(self) -> int:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-        try:
-            return self.proc.wait(30)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
-            raise AssertionError("plimsolld did not exit within 30 s of SIGTERM")
-        finally:
-            self._reader.join(5)
+        resp, _ = self.raw("GET", "/healthz", timeout=10)
+        return resp.status
 
 
 class WasmProviderTest(unittest.TestCase):
@@ -118,9 +61,7 @@ class WasmProviderTest(unittest.TestCase):
 
     @classmethod
     def tearDownClass(cls) -> None:
-        code = cls.daemon.stop()
-        if code != 0:
-            raise AssertionError(f"plimsolld exited {code} after SIGTERM; its log:\n" + "\n".join(cls.daemon.log))
+        cls.daemon.stop_expecting_zero()
 
     def run_js(self, code: str, timeout: Optional[float] = None) -> pc.JavaScriptResult:
         return self.client.run_javascript(code, timeout=timeout)

@@ -130,7 +130,13 @@ impl Daemon {
     /// `PLIMSOLL_METRICS_ADDR=127.0.0.1:0` (both overridable), and waits for its
     /// listening line. Panics with the captured log if it does not come within 30 s.
     pub fn start(env: &[(&str, &str)]) -> Daemon {
-        match Daemon::launch(env) {
+        Daemon::start_within(env, START_TIMEOUT)
+    }
+
+    /// Starts `plimsolld` as [`Daemon::start`] does, waiting at most `timeout` for its
+    /// listening line (a first wasm start compiles the guest and needs longer).
+    pub fn start_within(env: &[(&str, &str)], timeout: Duration) -> Daemon {
+        match Daemon::launch_within(env, timeout) {
             Ok(d) => d,
             Err(out) => panic!(
                 "plimsolld exited ({}) before listening; its log:\n{}",
@@ -154,6 +160,10 @@ impl Daemon {
     /// Starts `plimsolld` as [`Daemon::start`] does: `Ok` once it listens, `Err` with
     /// its exit status and log when it exits first.
     pub fn launch(env: &[(&str, &str)]) -> Result<Daemon, Finished> {
+        Daemon::launch_within(env, START_TIMEOUT)
+    }
+
+    fn launch_within(env: &[(&str, &str)], timeout: Duration) -> Result<Daemon, Finished> {
         let mut full: Vec<(&str, &str)> = vec![
             ("PLIMSOLL_ADDR", "127.0.0.1:0"),
             ("PLIMSOLL_METRICS_ADDR", "127.0.0.1:0"),
@@ -184,7 +194,7 @@ impl Daemon {
             reader: Some(reader),
             exited: None,
         };
-        match rx.recv_timeout(START_TIMEOUT) {
+        match rx.recv_timeout(timeout) {
             Ok(Some(line)) => {
                 daemon.listening = line;
                 daemon.addr = socket_addr(&daemon.listening, "addr")
@@ -201,7 +211,7 @@ impl Daemon {
                 })
             }
             Err(_) => panic!(
-                "plimsolld neither listened nor exited within {START_TIMEOUT:?}; its log:\n{}",
+                "plimsolld neither listened nor exited within {timeout:?}; its log:\n{}",
                 daemon.logs().join("\n")
             ),
         }

@@ -28,6 +28,7 @@
 //! - [`connect`] builds Connect requests and reads Connect errors and their
 //!   `NotDispatched` details.
 //! - [`ClientsFile`] writes a caller registry for `PLIMSOLL_CLIENTS_FILE`.
+//! - [`wasm`] starts `plimsolld` with the wasm provider, compiling the guest once first.
 #![forbid(unsafe_code)]
 // A test harness fails by panicking, with the evidence in the message.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
@@ -36,6 +37,7 @@ pub mod connect;
 pub mod h2c;
 pub mod http1;
 pub mod protobuf;
+pub mod wasm;
 
 mod clients_file;
 mod daemon;

@@ -8,21 +8,16 @@
 // A test fails by panicking, with the evidence in the message.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;
-use std::process::{Command, Stdio};
-use std::sync::{Arc, Barrier, OnceLock};
+use std::sync::{Arc, Barrier};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use plimsoll_tests::connect::{self, Reason};
 use plimsoll_tests::http1::{Connection, Request, Response};
-use plimsoll_tests::{ClientsFile, Daemon, binary, fresh_token};
+use plimsoll_tests::wasm::{warm_cache, wasm_daemon, wasm_daemon_with_token};
+use plimsoll_tests::{ClientsFile, Daemon, fresh_token};
 use serde_json::{Value, json};
-
-/// The first start on a machine compiles the guest (tens of seconds in a debug build);
-/// [`warm_cache`] pays for it once, with this much patience.
-const FIRST_START_TIMEOUT: Duration = Duration::from_secs(300);
 
 /// How long a capacity refusal may take, at most, while every slot is busy. The issue
 /// asks for a few milliseconds in the daemon; this bound leaves room for a loaded test
@@ -34,66 +29,12 @@ const SETTLE: Duration = Duration::from_secs(40);
 
 const BUSY_LOOP: &str = "for (;;) {}";
 
-/// Starts one wasm daemon and waits for it to listen, so that the compiled guest is in
-/// the cache before the tests start their own daemons (whose start waits only 30 s).
-fn warm_cache() {
-    static WARM: OnceLock<()> = OnceLock::new();
-    WARM.get_or_init(|| {
-        let mut child = Command::new(binary("plimsolld"))
-            .env_clear()
-            .env("PATH", std::env::var_os("PATH").unwrap_or_default())
-            .env("SANDBOX_PROVIDER", "wasm")
-            .env("PLIMSOLL_INSECURE", "1")
-            .env("PLIMSOLL_ADDR", "127.0.0.1:0")
-            .env("PLIMSOLL_METRICS_ADDR", "off")
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("spawn plimsolld");
-        let stderr = child.stderr.take().expect("piped");
-        let (tx, rx) = std::sync::mpsc::channel();
-        std::thread::spawn(move || {
-            let mut log = Vec::new();
-            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-                if line.contains("plimsolld listening") {
-                    let _ = tx.send(Ok(()));
-                    return;
-                }
-                log.push(line);
-            }
-            let _ = tx.send(Err(log.join("\n")));
-        });
-        let outcome = rx.recv_timeout(FIRST_START_TIMEOUT);
-        let _ = child.kill();
-        let _ = child.wait();
-        match outcome {
-            Ok(Ok(())) => {}
-            Ok(Err(log)) => panic!("the warm-up wasm daemon exited before listening:\n{log}"),
-            Err(_) => panic!("the warm-up daemon did not listen within {FIRST_START_TIMEOUT:?}"),
-        }
-    });
-}
-
-/// A wasm daemon with metrics on loopback and `env` on top.
-fn wasm_daemon(env: &[(&str, &str)]) -> Daemon {
-    warm_cache();
-    let mut full = vec![("SANDBOX_PROVIDER", "wasm")];
-    full.extend_from_slice(env);
-    Daemon::start(&full)
-}
-
 /// A wasm daemon with one shared token, no rate limit and no per-caller cap, so only the
 /// global cap (and the memory budget) decide; `env` goes on top.
 fn capped_daemon(env: &[(&str, &str)]) -> (Daemon, String) {
-    let token = fresh_token();
-    let mut full = vec![
-        ("PLIMSOLL_TOKEN", token.as_str()),
-        ("SANDBOX_PER_KEY_CONCURRENT", "0"),
-        ("SANDBOX_RATE_PER_MIN", "0"),
-    ];
+    let mut full = vec![("SANDBOX_PER_KEY_CONCURRENT", "0")];
     full.extend_from_slice(env);
-    (wasm_daemon(&full), token)
+    wasm_daemon_with_token(&full)
 }
 
 fn run_body(code: &str, timeout_ms: u32) -> Value {

@@ -6,80 +6,23 @@
 // A test fails by panicking, with the evidence in the message.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;
-use std::process::{Command, Stdio};
-use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 use base64::Engine as _;
 use plimsoll_tests::connect::{self, Reason};
 use plimsoll_tests::http1::{Request, Response};
-use plimsoll_tests::{Daemon, binary, fresh_token};
+use plimsoll_tests::{Daemon, wasm};
 use serde_json::{Value, json};
 
-/// The first start on a machine compiles the guest (tens of seconds in a debug build,
-/// longer than the harness waits); [`warm_cache`] pays for it once, with this much patience.
-const FIRST_START_TIMEOUT: Duration = Duration::from_secs(300);
 const OUTPUT_CAP: usize = 64 * 1024;
 const IDENTITY_PREFIX: &str = "quickjs-wasm:sha256:";
 
-/// Starts one wasm daemon and waits for it to listen, so that the compiled guest is in
-/// the cache before the tests start their own daemons.
-fn warm_cache() {
-    static WARM: OnceLock<()> = OnceLock::new();
-    WARM.get_or_init(|| {
-        let mut child = Command::new(binary("plimsolld"))
-            .env_clear()
-            .env("PATH", std::env::var_os("PATH").unwrap_or_default())
-            .env("SANDBOX_PROVIDER", "wasm")
-            .env("PLIMSOLL_INSECURE", "1")
-            .env("PLIMSOLL_ADDR", "127.0.0.1:0")
-            .env("PLIMSOLL_METRICS_ADDR", "off")
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("spawn plimsolld");
-        let stderr = child.stderr.take().expect("piped");
-        let (tx, rx) = std::sync::mpsc::channel();
-        std::thread::spawn(move || {
-            let mut log = Vec::new();
-            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-                let listening = line.contains("plimsolld listening");
-                log.push(line);
-                if listening {
-                    let _ = tx.send(Ok(()));
-                    return;
-                }
-            }
-            let _ = tx.send(Err(log.join("\n")));
-        });
-        let outcome = rx.recv_timeout(FIRST_START_TIMEOUT);
-        let _ = child.kill();
-        let _ = child.wait();
-        match outcome {
-            Ok(Ok(())) => {}
-            Ok(Err(log)) => panic!("the warm-up wasm daemon exited before listening:\n{log}"),
-            Err(_) => {
-                panic!("the warm-up wasm daemon did not listen within {FIRST_START_TIMEOUT:?}")
-            }
-        }
-    });
-}
-
-/// A wasm daemon with a token and no rate limit, and its token.
+/// A wasm daemon with a token, no metrics listener and no rate limit, and its token.
 fn wasm_daemon(extra: &[(&str, &str)]) -> (Daemon, String) {
-    warm_cache();
-    let token = fresh_token();
-    let mut env = vec![
-        ("SANDBOX_PROVIDER", "wasm"),
-        ("PLIMSOLL_TOKEN", token.as_str()),
-        ("PLIMSOLL_METRICS_ADDR", "off"),
-        ("SANDBOX_RATE_PER_MIN", "0"),
-    ];
+    let mut env = vec![("PLIMSOLL_METRICS_ADDR", "off")];
     env.extend_from_slice(extra);
-    (Daemon::start(&env), token)
+    wasm::wasm_daemon_with_token(&env)
 }
 
 /// What a JavaScript result says, decoded from Connect JSON (defaults are omitted there).
