@@ -32,6 +32,9 @@ const READ_HEADER_TIMEOUT: Duration = Duration::from_secs(5);
 const MAX_HEADER_BYTES: usize = 32 * 1024;
 /// How long a TLS handshake may take.
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long a new cleartext connection may stay silent before its first byte
+/// (hyper's header timer only starts once bytes arrive).
+const IDLE_TIMEOUT: Duration = Duration::from_secs(120);
 
 /// Serves `service` on `listener` until `shutdown` resolves, then lets open
 /// connections finish within `drain`. At most `max_connections` are open at
@@ -94,6 +97,9 @@ pub async fn serve<S>(
             let linger = linger_handle(&tcp);
             match tls {
                 None => {
+                    if !first_byte_within(&tcp, IDLE_TIMEOUT).await {
+                        return;
+                    }
                     let conn = builder.serve_connection(TokioIo::new(tcp), service);
                     if let Err(e) = watcher.watch(conn.into_owned()).await {
                         tracing::debug!(peer = %peer, error = %e, "connection ended");
@@ -123,6 +129,16 @@ pub async fn serve<S>(
     {
         tracing::warn!("drain budget spent; closing the remaining connections");
     }
+}
+
+/// Whether the peer sends something (or closes) within `budget`; a silent
+/// connection would otherwise hold a connection slot forever.
+async fn first_byte_within(tcp: &TcpStream, budget: Duration) -> bool {
+    let mut byte = [0u8; 1];
+    matches!(
+        tokio::time::timeout(budget, tcp.peek(&mut byte)).await,
+        Ok(Ok(_))
+    )
 }
 
 /// A second handle on the connection's socket, so that after hyper has
@@ -185,3 +201,23 @@ pub fn rpc_connection_cap() -> usize {
 
 /// The metrics listener's connection cap.
 pub const METRICS_CONNECTION_CAP: usize = 64;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tokio::io::AsyncWriteExt;
+
+    #[tokio::test]
+    async fn a_silent_connection_is_given_up_and_a_talking_one_is_not() {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let _silent = TcpStream::connect(addr).await.unwrap();
+        let (server_side, _) = listener.accept().await.unwrap();
+        assert!(!first_byte_within(&server_side, Duration::from_millis(50)).await);
+
+        let mut talking = TcpStream::connect(addr).await.unwrap();
+        let (server_side, _) = listener.accept().await.unwrap();
+        talking.write_all(b"G").await.unwrap();
+        assert!(first_byte_within(&server_side, Duration::from_secs(5)).await);
+    }
+}
