@@ -197,64 +197,46 @@ pub enum ClientError {
     Other(Box<Failure>),
 }
 
+/// Every variant carries one [`Failure`]; this names them once for the accessors.
+macro_rules! the_failure {
+    ($error:expr, $f:ident) => {
+        match $error {
+            ClientError::InvalidBaseUrl($f)
+            | ClientError::InsecureHttp($f)
+            | ClientError::InvalidOption($f)
+            | ClientError::InvalidRequest($f)
+            | ClientError::InsufficientIsolation($f)
+            | ClientError::SoftwareMismatch($f)
+            | ClientError::Disabled($f)
+            | ClientError::Unsupported($f)
+            | ClientError::ProtocolMismatch($f)
+            | ClientError::AtCapacity($f)
+            | ClientError::SessionEnded($f)
+            | ClientError::Transport($f)
+            | ClientError::Timeout($f)
+            | ClientError::ResponseTooLarge($f)
+            | ClientError::MalformedResponse($f)
+            | ClientError::AnswerNotBound($f)
+            | ClientError::RecordMismatch($f)
+            | ClientError::NoRecord($f)
+            | ClientError::RecordVersion($f)
+            | ClientError::Chain($f)
+            | ClientError::IsolationEvidenceMismatch($f)
+            | ClientError::SoftwareEvidenceMismatch($f)
+            | ClientError::ResultKindMismatch($f)
+            | ClientError::Other($f) => $f,
+        }
+    };
+}
+
 impl ClientError {
     /// What the failure states.
     pub fn failure(&self) -> &Failure {
-        match self {
-            ClientError::InvalidBaseUrl(f)
-            | ClientError::InsecureHttp(f)
-            | ClientError::InvalidOption(f)
-            | ClientError::InvalidRequest(f)
-            | ClientError::InsufficientIsolation(f)
-            | ClientError::SoftwareMismatch(f)
-            | ClientError::Disabled(f)
-            | ClientError::Unsupported(f)
-            | ClientError::ProtocolMismatch(f)
-            | ClientError::AtCapacity(f)
-            | ClientError::SessionEnded(f)
-            | ClientError::Transport(f)
-            | ClientError::Timeout(f)
-            | ClientError::ResponseTooLarge(f)
-            | ClientError::MalformedResponse(f)
-            | ClientError::AnswerNotBound(f)
-            | ClientError::RecordMismatch(f)
-            | ClientError::NoRecord(f)
-            | ClientError::RecordVersion(f)
-            | ClientError::Chain(f)
-            | ClientError::IsolationEvidenceMismatch(f)
-            | ClientError::SoftwareEvidenceMismatch(f)
-            | ClientError::ResultKindMismatch(f)
-            | ClientError::Other(f) => f,
-        }
+        the_failure!(self, f)
     }
 
     pub(crate) fn failure_mut(&mut self) -> &mut Failure {
-        match self {
-            ClientError::InvalidBaseUrl(f)
-            | ClientError::InsecureHttp(f)
-            | ClientError::InvalidOption(f)
-            | ClientError::InvalidRequest(f)
-            | ClientError::InsufficientIsolation(f)
-            | ClientError::SoftwareMismatch(f)
-            | ClientError::Disabled(f)
-            | ClientError::Unsupported(f)
-            | ClientError::ProtocolMismatch(f)
-            | ClientError::AtCapacity(f)
-            | ClientError::SessionEnded(f)
-            | ClientError::Transport(f)
-            | ClientError::Timeout(f)
-            | ClientError::ResponseTooLarge(f)
-            | ClientError::MalformedResponse(f)
-            | ClientError::AnswerNotBound(f)
-            | ClientError::RecordMismatch(f)
-            | ClientError::NoRecord(f)
-            | ClientError::RecordVersion(f)
-            | ClientError::Chain(f)
-            | ClientError::IsolationEvidenceMismatch(f)
-            | ClientError::SoftwareEvidenceMismatch(f)
-            | ClientError::ResultKindMismatch(f)
-            | ClientError::Other(f) => f,
-        }
+        the_failure!(self, f)
     }
 
     /// The Connect code, snake_case.
