@@ -33,9 +33,9 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::hint::black_box;
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
-use std::process::{Child, Command, Stdio};
+use std::process::Child;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
@@ -48,6 +48,9 @@ use plimsolld::admission::Admission;
 use plimsolld::config::admission::Limits;
 use plimsolld::metrics::Metrics;
 use sha2::{Digest, Sha256};
+
+mod support;
+use support::{Phase, percentile, spawn_wasm_daemon};
 
 const WARM_UP: usize = 2_000;
 const HOLD_MS: u32 = 30_000;
@@ -140,18 +143,6 @@ fn main() {
 }
 
 // === phases ===
-
-/// One phase's samples.
-struct Phase {
-    latencies: Vec<Duration>,
-    wall: Duration,
-}
-
-impl Phase {
-    fn per_second(&self) -> f64 {
-        self.latencies.len() as f64 / self.wall.as_secs_f64()
-    }
-}
 
 /// `/healthz` and a refused run alternating on one connection, `k` of each.
 async fn latency_phase(conn: &Sender, token: &str, k: usize) -> (Phase, Phase) {
@@ -325,14 +316,6 @@ fn contains(hay: &[u8], needle: &[u8]) -> bool {
 
 // === figures ===
 
-/// The `p`th percentile in ms (nearest rank).
-fn percentile(samples: &[Duration], p: f64) -> f64 {
-    let mut sorted = samples.to_vec();
-    sorted.sort();
-    let rank = ((p / 100.0) * sorted.len() as f64).ceil() as usize;
-    sorted[rank.clamp(1, sorted.len()) - 1].as_secs_f64() * 1000.0
-}
-
 fn report(name: &str, phase: &Phase) {
     println!(
         "{name:<44} {:>9.3} {:>9.3} {:>9.3} {:>11.0}",
@@ -390,47 +373,15 @@ impl Daemon {
         let file = dir.path().join("clients.json");
         std::fs::write(&file, serde_json::json!({ "clients": clients }).to_string())
             .expect("write the clients file");
-        let mut child = Command::new(env!("CARGO_BIN_EXE_plimsolld"))
-            .env_clear()
-            .env("PATH", std::env::var_os("PATH").unwrap_or_default())
-            .env("SANDBOX_PROVIDER", "wasm")
-            .env("PLIMSOLL_CLIENTS_FILE", &file)
-            .env("PLIMSOLL_ADDR", "127.0.0.1:0")
-            .env("PLIMSOLL_METRICS_ADDR", "127.0.0.1:0")
-            .env("PLIMSOLL_LOG_FORMAT", "json")
-            .env("SANDBOX_MAX_CONCURRENT", cap.to_string())
-            .env("SANDBOX_PER_KEY_CONCURRENT", "0")
-            .env("SANDBOX_RATE_PER_MIN", "0")
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("spawn plimsolld");
-        let stderr = child.stderr.take().expect("piped");
-        let (tx, rx) = std::sync::mpsc::channel();
-        std::thread::spawn(move || {
-            let mut sent = false;
-            // Keep draining after the listening line: the daemon writes an audit line
-            // per request and must never block on its log.
-            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-                if sent {
-                    continue;
-                }
-                let Ok(record) = serde_json::from_str::<serde_json::Value>(&line) else {
-                    continue;
-                };
-                if record["msg"] == "plimsolld listening" {
-                    let addr = |k: &str| record[k].as_str().unwrap_or_default().to_owned();
-                    let _ = tx.send((addr("addr"), addr("metrics_addr")));
-                    sent = true;
-                } else if record["level"] == "ERROR" {
-                    eprintln!("plimsolld: {line}");
-                }
-            }
-        });
-        let (addr, metrics_addr) = rx
-            .recv_timeout(Duration::from_secs(300))
-            .expect("plimsolld did not listen within 300 s");
+        let (child, listening) = spawn_wasm_daemon(&[
+            ("PLIMSOLL_CLIENTS_FILE", file.display().to_string()),
+            ("PLIMSOLL_METRICS_ADDR", "127.0.0.1:0".to_owned()),
+            ("SANDBOX_MAX_CONCURRENT", cap.to_string()),
+            ("SANDBOX_PER_KEY_CONCURRENT", "0".to_owned()),
+            ("SANDBOX_RATE_PER_MIN", "0".to_owned()),
+        ]);
+        let addr = |k: &str| listening[k].as_str().unwrap_or_default().to_owned();
+        let (addr, metrics_addr) = (addr("addr"), addr("metrics_addr"));
         Daemon {
             child,
             addr: addr.parse().expect("addr"),

@@ -14,14 +14,16 @@
 //! a fresh token, an ephemeral loopback port and no rate limit, and stopped at the end.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use std::io::{BufRead, BufReader};
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Command};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use connectrpc::client::{ClientConfig, HttpClient};
+
+mod support;
 use plimsoll::refusal::PROTOCOL;
 use plimsoll::wire::{JavaScriptRun, RunRequest, SandboxServiceClient, run_response};
+use support::{Phase, percentile, spawn_wasm_daemon};
 
 const SNIPPET: &str = "console.log(6*7)";
 const WARM_UP: usize = 100;
@@ -71,8 +73,8 @@ fn main() {
                 "ratio, p50 latency: node / wasm = {:.1}x; throughput: wasm 1 caller / node = {:.1}x, \
                  wasm 2 callers / node = {:.1}x",
                 percentile(&node.latencies, 50.0) / percentile(&one.latencies, 50.0),
-                one.runs_per_second() / node.runs_per_second(),
-                two.runs_per_second() / node.runs_per_second(),
+                one.per_second() / node.per_second(),
+                two.per_second() / node.per_second(),
             );
         }
         None => {
@@ -82,33 +84,14 @@ fn main() {
 }
 
 /// One phase's samples.
-struct Phase {
-    latencies: Vec<Duration>,
-    wall: Duration,
-}
-
-impl Phase {
-    fn runs_per_second(&self) -> f64 {
-        self.latencies.len() as f64 / self.wall.as_secs_f64()
-    }
-}
-
 fn report(name: &str, phase: &Phase) {
     println!(
         "{name:<34} {:>9.3} {:>9.3} {:>9.3} {:>10.0}",
         percentile(&phase.latencies, 50.0),
         percentile(&phase.latencies, 95.0),
         percentile(&phase.latencies, 99.0),
-        phase.runs_per_second()
+        phase.per_second()
     );
-}
-
-/// The `p`th percentile in ms (nearest rank).
-fn percentile(samples: &[Duration], p: f64) -> f64 {
-    let mut sorted = samples.to_vec();
-    sorted.sort();
-    let rank = ((p / 100.0) * sorted.len() as f64).ceil() as usize;
-    sorted[rank.clamp(1, sorted.len()) - 1].as_secs_f64() * 1000.0
 }
 
 /// `runs` snippets shared out between `callers` concurrent callers.
@@ -196,41 +179,11 @@ fn start_daemon() -> (Child, String, String) {
     let token: String = (0..48)
         .map(|_| char::from(b"0123456789abcdef"[rand::random_range(0..16)]))
         .collect();
-    let mut child = Command::new(env!("CARGO_BIN_EXE_plimsolld"))
-        .env_clear()
-        .env("PATH", std::env::var_os("PATH").unwrap_or_default())
-        .env("SANDBOX_PROVIDER", "wasm")
-        .env("PLIMSOLL_TOKEN", &token)
-        .env("PLIMSOLL_ADDR", "127.0.0.1:0")
-        .env("PLIMSOLL_METRICS_ADDR", "off")
-        .env("PLIMSOLL_LOG_FORMAT", "json")
-        .env("SANDBOX_RATE_PER_MIN", "0")
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("spawn plimsolld");
-    let stderr = child.stderr.take().expect("piped");
-    let (tx, rx) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        let mut sent = false;
-        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-            if sent {
-                continue; // keep draining so the daemon never blocks on its log
-            }
-            let Ok(record) = serde_json::from_str::<serde_json::Value>(&line) else {
-                continue;
-            };
-            if record["msg"] == "plimsolld listening" {
-                let _ = tx.send(record["addr"].as_str().unwrap_or_default().to_owned());
-                sent = true;
-            } else if record["level"] == "ERROR" {
-                eprintln!("plimsolld: {line}");
-            }
-        }
-    });
-    let addr = rx
-        .recv_timeout(Duration::from_secs(300))
-        .expect("plimsolld did not listen within 300 s");
+    let (child, listening) = spawn_wasm_daemon(&[
+        ("PLIMSOLL_TOKEN", token.clone()),
+        ("PLIMSOLL_METRICS_ADDR", "off".to_owned()),
+        ("SANDBOX_RATE_PER_MIN", "0".to_owned()),
+    ]);
+    let addr = listening["addr"].as_str().unwrap_or_default().to_owned();
     (child, format!("http://{addr}"), token)
 }
