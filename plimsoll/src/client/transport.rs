@@ -287,11 +287,7 @@ where
             })?;
         let driver = tokio::spawn(conn);
         sent.store(true, Ordering::SeqCst);
-        let result = sender.send_request(req).await;
-        let out = match result {
-            Ok(resp) => read(resp).await,
-            Err(e) => Err(after(format!("{e}"))),
-        };
+        let out = answer(sender.send_request(req).await, after).await;
         driver.abort();
         out
     } else {
@@ -304,13 +300,20 @@ where
             })?;
         let driver = tokio::spawn(conn);
         sent.store(true, Ordering::SeqCst);
-        let result = sender.send_request(req).await;
-        let out = match result {
-            Ok(resp) => read(resp).await,
-            Err(e) => Err(after(format!("{e}"))),
-        };
+        let out = answer(sender.send_request(req).await, after).await;
         driver.abort();
         out
+    }
+}
+
+/// The answer to a sent request, or the failure after sending it.
+async fn answer(
+    result: Result<http::Response<hyper::body::Incoming>, hyper::Error>,
+    after: impl FnOnce(String) -> Broken,
+) -> Result<Answer, Broken> {
+    match result {
+        Ok(resp) => read(resp).await,
+        Err(e) => Err(after(format!("{e}"))),
     }
 }
 
