@@ -8,14 +8,22 @@
 //
 //   {"files":[{"path","content"}], "steps":[…], "artifacts":[…], "timeoutMs":n, "env":{…}}
 //
-// The runner, in order: keeps the key in memory only; proves that a process of its own uid
-// cannot open its /proc entries (the preloaded guard made it non-dumpable); writes the files
-// under /work; runs each step as `sh -c` in /work, stopping at the first failure or timeout;
+// The runner, in order: keeps the key in memory only; proves that a step cannot open its
+// /proc entries; writes the files under /work; runs each step as `sh -c` in /work, stopping
+// at the first failure or timeout;
 // captures the artifacts; and writes its report to stdout in a frame authenticated with
 // HMAC-SHA256 under the key. Steps never see the runner's stdout (their output goes to pipes
 // and travels base64 inside the authenticated body), so nothing a step prints can pass for a
 // report. Before each step it writes a short authenticated "step began" line, so the daemon
 // can tell a runner that died before any code ran from one that died after.
+//
+// Identities: in a one-shot project container the preloaded guard has already moved this
+// process from root to uid+1 of the guest identity (PLIMSOLL_GUEST_ID, "uid:gid"), keeping
+// only CAP_SETUID and CAP_SETGID, and made it non-dumpable. Steps run as the guest uid with
+// no capabilities, so they share nothing with the runner: no /proc access, no signals. The
+// files and artifacts are written and read under the guest's effective ids, so the steps own
+// what they were given and the runner reads only what a step could. Started without the
+// switch (a non-root runner), the steps share its uid and only non-dumpability protects it.
 //
 // Everything else the daemon reads from the container is untrusted; the runner itself writes
 // nothing to stderr.
@@ -40,6 +48,37 @@ const PIPE_GRACE_MS = 1000;
 const { O_WRONLY, O_RDONLY, O_CREAT, O_TRUNC, O_NOFOLLOW, O_NONBLOCK } = fs.constants;
 
 let key = null;
+
+// The guest identity the steps run as, when the guard moved the runner off it; else null.
+const guest = guestIdentity();
+
+function guestIdentity() {
+    const m = /^([0-9]+):([0-9]+)$/.exec(process.env.PLIMSOLL_GUEST_ID || "");
+    if (!m) return null;
+    const ids = { uid: Number(m[1]), gid: Number(m[2]) };
+    return process.getuid() === ids.uid ? null : ids;
+}
+
+// Runs `fn` with the guest's effective uid and gid (file ownership and access as a step
+// would have them), then returns to the runner's own.
+function asGuest(fn) {
+    if (guest === null) return fn();
+    const uid = process.geteuid();
+    const gid = process.getegid();
+    process.setegid(guest.gid);
+    process.seteuid(guest.uid);
+    try {
+        return fn();
+    } finally {
+        process.seteuid(uid);
+        process.setegid(gid);
+    }
+}
+
+// spawn options that start a child as the guest (every capability is gone at its exec).
+function guestSpawn() {
+    return guest === null ? {} : { uid: guest.uid, gid: guest.gid };
+}
 
 function mac(text) {
     return createHmac("sha256", key).update(text).digest("hex");
@@ -84,23 +123,22 @@ function readStdin() {
     return Buffer.concat(chunks);
 }
 
-// A process of our uid must not be able to open our /proc entries. The guard made us
-// non-dumpable; this checks the kernel agrees, with a real child of the same uid. `checks`
-// names the entries to try (the plan's `procChecks`; all four by default). gVisor keeps
-// `mem` closed to a non-dumpable process but not its `fd/*` and `environ`; there the daemon
-// asks for `mem` only: the key lives only in memory, stdin is drained before any step
-// starts, the environment holds nothing secret, and a write to our stdout cannot carry a
-// valid MAC.
+// A step must not be able to open our /proc entries. This checks the kernel agrees, with a
+// real child started exactly as a step is. `checks` names the entries to try (the plan's
+// `procChecks`; all four by default). A child started as the guest must also hold no
+// capability at all.
 function proveNotInspectable(env, checks) {
     const reads = checks.filter((c) => ["fd/0", "fd/1", "mem", "environ"].includes(c));
     const probe =
         'p=$1; shift; w=$1; shift; for f in "$@"; do ( : <"/proc/$p/$f" ) 2>/dev/null && echo "read $f"; done; ' +
-        'if [ "$w" = 1 ]; then ( : >>"/proc/$p/fd/1" ) 2>/dev/null && echo "write fd/1"; fi; exit 0';
+        'if [ "$w" = 1 ]; then ( : >>"/proc/$p/fd/1" ) 2>/dev/null && echo "write fd/1"; fi; ' +
+        'if [ "$(grep -Ec "^Cap(Eff|Prm):[[:space:]]*0+$" /proc/self/status)" != 2 ]; then echo "holds capabilities"; fi; exit 0';
     const write = reads.includes("fd/1") ? "1" : "0";
     const r = spawnSync("sh", ["-c", probe, "sh", String(process.pid), write, ...reads], {
         env,
         stdio: ["ignore", "pipe", "ignore"],
         timeout: 10000,
+        ...guestSpawn(),
     });
     const opened = r.stdout ? r.stdout.toString().trim().replace(/\n/g, ", ") : "";
     if (r.status !== 0 || opened !== "" || !reads.includes("mem")) {
@@ -152,12 +190,33 @@ function writeFiles(files) {
     }
 }
 
-function killGroup(child) {
+// The grant's client library (grants.md §4), preloaded into every node a step starts. It is
+// the runner's file (steps may read it, not change it); it holds no credential.
+function installHostClient(source, env) {
+    const file = "/tmp/plimsoll-host.mjs";
+    let fd;
     try {
-        process.kill(-child.pid, "SIGKILL");
-    } catch {
-        // already gone
+        fd = fs.openSync(file, O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW, 0o644);
+        fs.writeSync(fd, source);
+    } catch (e) {
+        throw new Error(`the host client could not be written (${e.code || "error"})`);
+    } finally {
+        if (fd !== undefined) fs.closeSync(fd);
     }
+    const flag = `--import=file://${file}`;
+    env.NODE_OPTIONS = env.NODE_OPTIONS ? `${env.NODE_OPTIONS} ${flag}` : flag;
+}
+
+// Kills a step's whole process group. The signal is sent under the guest's effective uid:
+// the runner holds no CAP_KILL, and a step of another uid could not be signalled otherwise.
+function killGroup(child) {
+    asGuest(() => {
+        try {
+            process.kill(-child.pid, "SIGKILL");
+        } catch {
+            // already gone
+        }
+    });
 }
 
 // Runs one step; resolves with its result. `limitMs` is what is left of the run's budget.
@@ -176,6 +235,7 @@ function runStep(command, env, limitMs) {
             env,
             stdio: ["ignore", "pipe", "pipe"],
             detached: true, // its own process group, so the whole step can be killed
+            ...guestSpawn(),
         });
         const keep = (into) => (chunk) => {
             const room = STEP_OUTPUT_CAP - kept;
@@ -351,11 +411,15 @@ async function main() {
         const plan = JSON.parse(input.subarray(newline + 1).toString("utf8"));
         const started = Date.now();
         const budgetMs = Number(plan.timeoutMs) > 0 ? Number(plan.timeoutMs) : 30000;
-        // The steps get the plan's environment, never the guard's preload.
+        // The steps get the plan's environment, never the guard's preload or identity.
         const env = { ...process.env, ...(plan.env || {}), PLIMSOLL_RUNNER_PID: String(process.pid) };
         delete env.LD_PRELOAD;
+        delete env.PLIMSOLL_GUEST_ID;
+        if (typeof plan.hostSDK === "string" && plan.hostSDK !== "") {
+            installHostClient(plan.hostSDK, env);
+        }
         proveNotInspectable(env, plan.procChecks || ["fd/0", "fd/1", "mem", "environ"]);
-        writeFiles(plan.files || []);
+        asGuest(() => writeFiles(plan.files || []));
         const steps = [];
         let encoded = 0;
         const commands = plan.steps || [];
@@ -367,7 +431,7 @@ async function main() {
             steps.push(step);
             if (step.timedOut || step.exitCode !== 0) break;
         }
-        emitReport(encode(steps, captureArtifacts(plan.artifacts || [])));
+        emitReport(encode(steps, asGuest(() => captureArtifacts(plan.artifacts || []))));
     } catch (e) {
         emitReport({ error: e instanceof Error ? e.message : String(e) });
     }

@@ -186,6 +186,68 @@ fn a_forged_report_printed_by_a_step_is_never_the_answer() {
 }
 
 #[test]
+fn a_step_can_neither_open_nor_signal_the_runner_and_holds_no_capability() {
+    require_docker!();
+    let d = shared();
+    // Every way in the issue names (the runner's /proc mem and fds, read and write) plus
+    // environ, a signal and the step's own identity. Under gVisor `environ` is world-readable
+    // for every process, so it is only required closed under runc (project.rs says why).
+    let probe = "p=$PLIMSOLL_RUNNER_PID; test -n \"$p\" || echo NO-PID; \
+         for f in fd/0 fd/1 fd/2 mem environ; do \
+           if (: <\"/proc/$p/$f\") 2>/dev/null; then echo \"OPENED $f\"; fi; done; \
+         if (: >>\"/proc/$p/fd/1\") 2>/dev/null; then echo 'OPENED fd/1 for writing'; fi; \
+         if kill -0 \"$p\" 2>/dev/null; then echo SIGNALLED; fi; \
+         echo \"uid $(id -u) $(id -g)\"; grep -E '^Cap(Eff|Prm)' /proc/self/status";
+    let v = run_project(
+        &d,
+        &project(
+            &[("given.txt", "mine\n")],
+            &[
+                probe,
+                // The step owns what it was given and what it makes; the runner still
+                // brings back an artifact only its owner may read.
+                "rm given.txt && echo secret > private.txt && chmod 600 private.txt",
+            ],
+            &["private.txt", "given.txt"],
+            30_000,
+        ),
+    );
+    assert_eq!(outcome(&v), "PROJECT_OUTCOME_COMPLETED", "{v}");
+    let steps = steps(&v);
+    assert_eq!(steps.len(), 2, "{v}");
+    let out = field(&steps[0], "stdout");
+    for line in out.lines() {
+        let allowed = runsc() && line == "OPENED environ";
+        assert!(
+            allowed || !(line.starts_with("OPENED") || line == "SIGNALLED" || line == "NO-PID"),
+            "a step reached the runner ({line}): {out}"
+        );
+    }
+    assert!(
+        out.contains("uid 61000 61000\n"),
+        "steps run as the guest: {out}"
+    );
+    assert!(
+        out.lines()
+            .filter(|l| l.starts_with("Cap"))
+            .all(|l| l.trim_end().ends_with("0000000000000000")),
+        "a step holds no capability: {out}"
+    );
+    assert_eq!(exit_code(&steps[1]), 0, "{v}");
+    let artifacts = v["project"]["artifacts"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
+    assert_eq!(
+        artifacts.len(),
+        1,
+        "the removed file is gone, the private one is read: {v}"
+    );
+    assert_eq!(artifacts[0]["path"], "private.txt", "{v}");
+    assert_eq!(field(&artifacts[0], "content"), "secret\n", "{v}");
+}
+
+#[test]
 fn a_symlink_artifact_pointing_outside_work_is_not_followed() {
     require_docker!();
     let d = shared();

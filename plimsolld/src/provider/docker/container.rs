@@ -23,7 +23,7 @@ use tokio::sync::Notify;
 
 use super::DockerError;
 use super::engine::Engine;
-use super::lockdown::{self, Shape};
+use super::lockdown::{self, Identity, Shape};
 use super::output::{Kept, Output};
 use super::preflight::VerifiedImage;
 use super::removal;
@@ -68,6 +68,8 @@ pub struct Request<'a> {
     pub work: bool,
     /// A host socket to mount at `/run/host-api.sock`.
     pub socket: Option<&'a Path>,
+    /// Who the container's first process is.
+    pub identity: Identity,
     /// `run` or `smoke`.
     pub role: &'static str,
     /// How much of stdout to keep (stderr keeps [`OUTPUT_CAP`](super::settings::OUTPUT_CAP)).
@@ -124,6 +126,7 @@ pub async fn run_holding(
         image_env: req.image_env,
         work: req.work,
         socket: req.socket,
+        identity: req.identity,
         role: req.role,
         // The ceiling of the deadline, with the start budget in front of it.
         lifetime: req.timeout + Duration::from_secs(1) + super::engine::START,
@@ -155,6 +158,8 @@ pub struct Prepare<'a> {
     pub work: bool,
     /// A host socket to mount at `/run/host-api.sock`.
     pub socket: Option<&'a Path>,
+    /// Who the container's first process is.
+    pub identity: Identity,
     /// `run` or `smoke`.
     pub role: &'static str,
     /// How long from now the container may exist, its run included (its expiry label).
@@ -198,6 +203,7 @@ pub async fn prepare(ctx: &Context<'_>, shape: &Prepare<'_>) -> Result<Prepared,
             argv: shape.argv,
             work: shape.work,
             socket: shape.socket,
+            identity: shape.identity,
             expires: unix_now() + shape.lifetime.as_secs() + 1,
             instance: ctx.instance,
             role: shape.role,

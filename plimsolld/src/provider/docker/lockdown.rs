@@ -31,6 +31,19 @@ pub const LABEL_ROLE: &str = "io.plimsoll.role";
 /// Open files per guest process.
 const NOFILE: i64 = 4096;
 
+/// Who a container's first process is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Identity {
+    /// The guest uid with no capabilities at all (snippets and probes).
+    Guest,
+    /// Root holding only `CAP_SETUID` and `CAP_SETGID`, for the project runner. Before node
+    /// runs, the runner's guard moves it to uid+1 (keeping just those two capabilities) and
+    /// every step then runs as the guest uid with none: a step and the runner never share a
+    /// uid, so no step can open the runner's `/proc` entries, signal it or trace it, under
+    /// gVisor as under runc (images/project/guard/guard.c).
+    Runner,
+}
+
 /// What differs between one plimsoll container and another.
 #[derive(Debug, Clone)]
 pub struct Shape<'a> {
@@ -46,6 +59,8 @@ pub struct Shape<'a> {
     pub work: bool,
     /// A host Unix socket to bind at [`GUEST_SOCKET`].
     pub socket: Option<&'a Path>,
+    /// Who the first process is.
+    pub identity: Identity,
     /// `io.plimsoll.expires`, unix seconds.
     pub expires: u64,
     /// This daemon's instance id.
@@ -90,6 +105,10 @@ pub fn create_body(settings: &Settings, shape: &Shape<'_>) -> ContainerCreateBod
         readonly_rootfs: Some(true),
         tmpfs: Some(tmpfs),
         cap_drop: Some(vec!["ALL".to_owned()]),
+        cap_add: match shape.identity {
+            Identity::Guest => None,
+            Identity::Runner => Some(vec!["SETUID".to_owned(), "SETGID".to_owned()]),
+        },
         security_opt: Some(security_opt),
         ulimits: Some(ulimits),
         ipc_mode: Some("private".to_owned()),
@@ -116,7 +135,10 @@ pub fn create_body(settings: &Settings, shape: &Shape<'_>) -> ContainerCreateBod
         image: Some(shape.image_id.to_owned()),
         entrypoint: Some(vec!["/usr/bin/env".to_owned()]),
         cmd: Some(cmd),
-        user: Some(settings.user()),
+        user: Some(match shape.identity {
+            Identity::Guest => settings.user(),
+            Identity::Runner => "0:0".to_owned(),
+        }),
         working_dir: shape.work.then(|| "/work".to_owned()),
         // docker's own environment for the container; `env -i` drops it before any guest
         // process starts, so it holds nothing.
@@ -176,6 +198,7 @@ mod tests {
             argv,
             work: false,
             socket: None,
+            identity: Identity::Guest,
             expires: 1_700_000_000,
             instance: "feedfacefeedface",
             role: "run",

@@ -49,6 +49,7 @@ use super::{
 use crate::config::Config;
 use crate::config::docker::SeccompSetting;
 use container::{Context, Held, Prepare};
+use lockdown::Identity;
 use readiness::{ProvenIds, Readiness};
 use settings::Settings;
 
@@ -284,6 +285,7 @@ impl Inner {
                 image_env: true,
                 work: false,
                 socket: None,
+                identity: Identity::Guest,
                 role: "run",
                 lifetime: pool::MAX_AGE
                     + settings::SNIPPET_MAX_TIMEOUT
@@ -422,6 +424,7 @@ impl Provider for Docker {
                     image_env: true,
                     work: false,
                     socket: None,
+                    identity: Identity::Guest,
                     role: "run",
                     lifetime: timeout + engine::START + Duration::from_secs(1),
                 };

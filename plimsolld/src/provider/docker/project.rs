@@ -23,6 +23,7 @@ use plimsoll::wire::{ProjectOutcome, ProjectResult};
 
 use super::DockerError;
 use super::container::{self, Context, Finished, Request};
+use super::lockdown::Identity;
 use super::preflight::VerifiedImage;
 use super::runner::{self, Plan, PlanFile, Report, ReportKey};
 use crate::provider::{Hold, ProjectPlan};
@@ -37,11 +38,17 @@ const REPORT_GRACE: Duration = Duration::from_secs(5);
 /// The runner and the guard library that makes it non-dumpable, in the project image.
 const RUNNER: &str = "/runner.mjs";
 const GUARD: &str = "/usr/local/lib/plimsoll-runner-guard.so";
-/// The runner's `/proc` entries a step must fail to open. gVisor keeps `mem` from a
-/// non-dumpable process but not its `fd/*` or `environ`; the key lives only in memory, so
-/// `mem` is what the report's authenticity rests on (runner.mjs says more).
+/// The runner's `/proc` entries a step must fail to open. The steps run as the guest uid and
+/// the runner as uid+1 ([`Identity::Runner`]), so the ptrace access check refuses them `mem`
+/// and every `fd/*` entry under both runtimes. gVisor serves every process's `environ`
+/// world-readable whatever its owner, so under runsc it is not asked for: the runner's
+/// environment is the fixed one plimsolld sets (no key, no credential; the key arrives on
+/// stdin and stays in memory).
 const PROC_CHECKS_RUNC: &[&str] = &["fd/0", "fd/1", "mem", "environ"];
-const PROC_CHECKS_RUNSC: &[&str] = &["mem"];
+const PROC_CHECKS_RUNSC: &[&str] = &["fd/0", "fd/1", "mem"];
+/// Names the guest identity to the runner's guard (images/project/guard/guard.c), which
+/// moves the runner to uid+1 and starts the steps as this identity.
+const GUEST_ID_VAR: &str = "PLIMSOLL_GUEST_ID";
 /// The longest runner message an outcome detail carries.
 const MAX_DETAIL: usize = 512;
 
@@ -86,12 +93,16 @@ pub async fn run(
         Request {
             image,
             argv: vec!["node".to_owned(), RUNNER.to_owned()],
-            run_env: vec![format!("LD_PRELOAD={GUARD}")],
+            run_env: vec![
+                format!("LD_PRELOAD={GUARD}"),
+                format!("{GUEST_ID_VAR}={}", ctx.settings.user()),
+            ],
             image_env: false,
             stdin,
             timeout: budget + REPORT_GRACE,
             work: true,
             socket: None,
+            identity: Identity::Runner,
             role: "run",
             stdout_cap: runner::STDOUT_CAP,
             started: None,

@@ -18,6 +18,7 @@ use tokio::net::UnixListener;
 
 use super::DockerError;
 use super::container::{self, Context, Request};
+use super::lockdown::Identity;
 use super::preflight::VerifiedImage;
 use super::settings::{OUTPUT_CAP, Settings};
 
@@ -135,6 +136,7 @@ pub async fn probe_image(
             timeout: PROBE_TIMEOUT,
             work,
             socket: Some(socket.path()),
+            identity: Identity::Guest,
             role: "smoke",
             stdout_cap: OUTPUT_CAP,
             started: None,
@@ -357,6 +359,7 @@ pub async fn prove_host_pids(ctx: &Context<'_>, image: &VerifiedImage) -> Result
             timeout: PROBE_TIMEOUT,
             work: false,
             socket: None,
+            identity: Identity::Guest,
             role: "smoke",
             stdout_cap: OUTPUT_CAP,
             started: Some(started_tx),
