@@ -12,6 +12,7 @@ use crate::admission::Admission;
 use crate::auth::Verifier;
 use crate::config::hardened::enforce_hardened;
 use crate::config::{AuthConfig, Config};
+use crate::grant::Grants;
 use crate::metrics::Metrics;
 use crate::provider::{self, ProviderError};
 use crate::server::listener::{METRICS_CONNECTION_CAP, bound, rpc_connection_cap, serve};
@@ -50,6 +51,20 @@ pub enum StartupError {
     /// The startup proof failed or took too long.
     #[error("the sandbox provider failed its startup proof: {0}")]
     Proof(String),
+    /// The grant path could not start.
+    #[error("grants: {0}")]
+    Grants(#[from] crate::grant::GrantError),
+    /// Profiles exist but the provider has no way to hand a grant to a guest safely.
+    #[error(
+        "grants: the {provider} provider supports no credential-safe grant path, \
+         but the grant broker has {profiles} profile(s)"
+    )]
+    NoGrantPath {
+        /// The provider id.
+        provider: &'static str,
+        /// How many profiles the broker holds.
+        profiles: u32,
+    },
     /// SIGTERM and SIGINT handlers could not be installed.
     #[error("cannot install signal handlers: {0}")]
     Signals(std::io::Error),
@@ -76,6 +91,18 @@ pub async fn run(config: Config) -> Result<(), StartupError> {
     }
     // 4: the provider, from configuration only.
     let provider = provider::build(&config).map_err(StartupError::Provider)?;
+    // 11: grants: the broker must answer, and profiles need a provider with a grant path.
+    let grants = Arc::new(Grants::start(&config.grants).await?);
+    let description = provider.describe();
+    if grants.profiles() > 0
+        && !description.supports_javascript_grants
+        && !description.supports_project_grants
+    {
+        return Err(StartupError::NoGrantPath {
+            provider: description.sandbox,
+            profiles: grants.profiles(),
+        });
+    }
     // 12: authentication.
     let verifier = Arc::new(Verifier::from_config(&config.auth));
     if let AuthConfig::Clients(file) = &config.auth {
@@ -125,14 +152,27 @@ pub async fn run(config: Config) -> Result<(), StartupError> {
         provider.drain(Duration::from_secs(30)).await;
         return Err(e);
     }
+    // 19: with sessions on, one session through the provider's session path.
+    if config.sessions.enabled() && provider.describe().supports_sessions {
+        if let Err(e) = crate::session::proof::prove(provider.as_ref(), &config.sessions).await {
+            provider.drain(Duration::from_secs(30)).await;
+            return Err(StartupError::Proof(e));
+        }
+        tracing::info!("session path proven");
+    }
     // 21: serve.
     let metrics = Arc::new(Metrics::default());
+    let admission = Admission::new(config.limits, metrics.clone());
+    let sessions =
+        crate::session::Sessions::new(config.sessions, provider.clone(), admission.clone());
     let state = Arc::new(State {
         provider: provider.clone(),
         proven: evidence.tier,
         resources: config.resources,
         metrics: metrics.clone(),
-        admission: Admission::new(config.limits, metrics.clone()),
+        admission: admission.clone(),
+        grants: grants.clone(),
+        sessions: sessions.clone(),
     });
     let stack = Pipeline {
         state: state.clone(),
@@ -185,7 +225,11 @@ pub async fn run(config: Config) -> Result<(), StartupError> {
         tracing::info!("shutting down: draining in-flight requests");
     };
     serve(rpc, stack, tls, max_connections, rpc_stop, DRAIN_BUDGET).await;
+    // Sessions end as `shutdown`, and their sandboxes go, before the provider drains.
+    sessions.drain(DRAIN_BUDGET).await;
     provider.drain(DRAIN_BUDGET).await;
+    // After the drain: no run still needs its grant.
+    grants.shutdown();
     let _ = metrics_stop_tx.send(());
     if let Some(t) = metrics_task {
         let _ = tokio::time::timeout(Duration::from_secs(10), t).await;

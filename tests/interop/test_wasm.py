@@ -81,7 +81,9 @@ class WasmProviderTest(unittest.TestCase):
         self.assertEqual(len(env.identity), len("quickjs-wasm:sha256:") + 64)
         self.assertEqual(env.max_timeout_ms, 30000)
         self.assertFalse(info.supports_project or info.supports_module or info.supports_sessions)
-        self.assertFalse(info.supports_javascript_grants)
+        # wire.md §9: snippets have a credential-safe grant path (host_call).
+        self.assertTrue(info.supports_javascript_grants)
+        self.assertFalse(info.supports_project_grants)
 
     def test_six_times_seven_prints_42_and_the_record_checks_out(self) -> None:
         result = self.run_js("console.log(6*7)")

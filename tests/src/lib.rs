@@ -28,6 +28,8 @@
 //! - [`connect`] builds Connect requests and reads Connect errors and their
 //!   `NotDispatched` details.
 //! - [`ClientsFile`] writes a caller registry for `PLIMSOLL_CLIENTS_FILE`.
+//! - [`test_api`] is an HTTPS API (test CA made at runtime) that records what the broker
+//!   forwards to it, for grant tests.
 //! - [`wasm`] starts `plimsolld` with the wasm provider, compiling the guest once first.
 #![forbid(unsafe_code)]
 // A test harness fails by panicking, with the evidence in the message.
@@ -37,6 +39,7 @@ pub mod connect;
 pub mod h2c;
 pub mod http1;
 pub mod protobuf;
+pub mod test_api;
 pub mod wasm;
 
 mod clients_file;

@@ -242,3 +242,5 @@ mod lifecycle;
 mod project;
 #[path = "docker/record.rs"]
 mod record;
+#[path = "docker/session.rs"]
+mod session;

@@ -118,13 +118,15 @@ fn describe_states_wasm_at_process_with_the_guest_identity() {
         "supportsProject",
         "supportsModule",
         "supportsSessions",
-        "supportsJavascriptGrants",
+        "supportsProjectGrants",
     ] {
         assert!(
             !info[flag].as_bool().unwrap_or(false),
             "{flag} must be false: {info}"
         );
     }
+    // wire.md §9: snippets have a credential-safe grant path (`host_call`).
+    assert_eq!(info["supportsJavascriptGrants"], true, "{info}");
 }
 
 #[test]

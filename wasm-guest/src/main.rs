@@ -16,10 +16,16 @@
 //!   script, in deadline order. Nothing else is added: no `require`, `process`, `fetch`,
 //!   `std` or `os`.
 //!
+//! - `__coderunner_host_call(envelope)` always exists (see [`host_call`]). For a granted
+//!   run the host sends a prelude (the host client library) before the snippet, separated
+//!   by one NUL byte; a snippet never holds a NUL, so the last NUL is the split. The prelude
+//!   runs first, as its own script, so the snippet's line numbers stay its own.
+//!
 //! The host bounds everything else (memory, time, output); the guest only has to be a
 //! faithful interpreter.
 
 mod console;
+mod host_call;
 mod memory;
 mod timers;
 
@@ -67,8 +73,15 @@ fn main() -> ExitCode {
     ExitCode::from(status)
 }
 
+/// The name errors give the prelude.
+const PRELUDE_NAME: &str = "<host-client>";
+
 /// Runs one snippet to the end; the exit status is 0 unless something went uncaught.
-fn run(code: String) -> rquickjs::Result<u8> {
+fn run(input: String) -> rquickjs::Result<u8> {
+    let (prelude, code) = match input.rsplit_once('\0') {
+        Some((prelude, code)) => (Some(prelude.to_owned()), code.to_owned()),
+        None => (None, input),
+    };
     let runtime = Runtime::new_with_alloc(memory::WatchedAllocator(RustAllocator))?;
     runtime.set_max_stack_size(MAX_STACK_BYTES);
     let unhandled = console::RejectionLog::default();
@@ -79,6 +92,17 @@ fn run(code: String) -> rquickjs::Result<u8> {
         console::install(&ctx)?;
         queue.install(&ctx)?;
         ctx.eval::<(), _>(MICROTASK_SHIM)?;
+        host_call::install(&ctx)?;
+        if let Some(prelude) = prelude {
+            let mut options = EvalOptions::default();
+            options.strict = false;
+            options.filename = Some(PRELUDE_NAME.to_owned());
+            match ctx.eval_with_options::<(), _>(prelude, options) {
+                Ok(()) => {}
+                Err(rquickjs::Error::Exception) => return Ok(uncaught(&ctx, ctx.catch())),
+                Err(other) => return Err(other),
+            }
+        }
         let mut options = EvalOptions::default();
         options.strict = false;
         options.promise = true;

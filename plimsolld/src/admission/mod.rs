@@ -101,6 +101,25 @@ impl Admission {
         })
     }
 
+    /// Charges `caller` one rate token without a slot: a session call, whose session
+    /// already holds its slot (providers.md §10.2).
+    pub fn charge(&self, caller: &str) -> Result<(), Refusal> {
+        let mut s = self.slots();
+        if let Some(b) = s.buckets.as_mut()
+            && !b.take(caller, Instant::now())
+        {
+            drop(s);
+            return Err(self.shed(
+                ShedReason::Rate,
+                format!(
+                    "rate limit: {} runs/min per caller, retry shortly",
+                    self.limits.rate_per_min
+                ),
+            ));
+        }
+        Ok(())
+    }
+
     fn shed(&self, reason: ShedReason, message: String) -> Refusal {
         self.metrics.shed(reason);
         Refusal::AtCapacity(message)

@@ -69,6 +69,26 @@ pub const ENV_REQUIRE_PINNED_IMAGES: &str = "SANDBOX_REQUIRE_PINNED_IMAGES";
 pub const ENV_DOCKER_HOST: &str = "DOCKER_HOST";
 /// docker: a CLI context name; refused unless empty or `default` (contexts are not read).
 pub const ENV_DOCKER_CONTEXT: &str = "DOCKER_CONTEXT";
+/// Live sessions at once; 0 (the default) turns sessions off.
+pub const ENV_MAX_SESSIONS: &str = "SANDBOX_MAX_SESSIONS";
+/// Live sessions per caller; 0 = no per-caller cap.
+pub const ENV_MAX_SESSIONS_PER_CALLER: &str = "SANDBOX_MAX_SESSIONS_PER_CALLER";
+/// Live sessions per stated owner; at the cap an open replaces the owner's oldest idle one.
+pub const ENV_MAX_SESSIONS_PER_OWNER: &str = "SANDBOX_MAX_SESSIONS_PER_OWNER";
+/// A session's lifetime, a duration in [1s, 12h]; default 30m.
+pub const ENV_SESSION_LIFETIME: &str = "SANDBOX_SESSION_LIFETIME";
+/// Idle time before a session is suspended: 0 (never) or [1s, 12h]; default 5m.
+pub const ENV_SESSION_IDLE: &str = "SANDBOX_SESSION_IDLE";
+/// A session's disk budget in MiB, measured after each call; 0 = no bound; default 1024.
+pub const ENV_SESSION_DISK_MB: &str = "SANDBOX_SESSION_DISK_MB";
+
+/// The broker's variables, named once in `broker::env` and listed in [`VARIABLES`] too:
+/// plimsolld picks its grant path from them and its supervised child reads them.
+pub const BROKER_VARIABLES: &[&str] = &[
+    broker::env::BROKER_SOCKET,
+    broker::env::GRANTS_FILE,
+    broker::env::BROKER_CA_FILE,
+];
 
 // === Defaults and limits ===
 
@@ -202,6 +222,25 @@ pub const VARIABLES: &[Variable] = &[
         HelpGroup::Listeners,
     ),
     var(
+        broker::env::BROKER_SOCKET,
+        "unset",
+        "an operator-run broker's control socket (absolute path); grants go through it",
+        HelpGroup::Listeners,
+    ),
+    var(
+        broker::env::GRANTS_FILE,
+        "unset (no profiles)",
+        "grant profiles; without PLIMSOLL_BROKER_SOCKET plimsolld supervises a broker child \
+         that inherits its environment (weaker: the secrets pass through plimsolld)",
+        HelpGroup::Listeners,
+    ),
+    var(
+        broker::env::BROKER_CA_FILE,
+        "unset",
+        "extra PEM roots the supervised broker trusts for upstream TLS",
+        HelpGroup::Listeners,
+    ),
+    var(
         ENV_MEMORY_MB,
         "0 (provider default)",
         "per-run memory in MiB",
@@ -259,6 +298,42 @@ pub const VARIABLES: &[Variable] = &[
         ENV_PAID_SECONDS_PER_DAY,
         "0 (none)",
         "daily paid VM seconds; metered providers only",
+        HelpGroup::Limits,
+    ),
+    var(
+        ENV_MAX_SESSIONS,
+        "0 (sessions off)",
+        "live sessions at once; docker with its project image only",
+        HelpGroup::Limits,
+    ),
+    var(
+        ENV_MAX_SESSIONS_PER_CALLER,
+        "0 (no cap)",
+        "live sessions per caller",
+        HelpGroup::Limits,
+    ),
+    var(
+        ENV_MAX_SESSIONS_PER_OWNER,
+        "0 (no cap)",
+        "live sessions per owner; at the cap an open replaces the oldest idle one",
+        HelpGroup::Limits,
+    ),
+    var(
+        ENV_SESSION_LIFETIME,
+        "30m",
+        "a session's lifetime, 1s to 12h",
+        HelpGroup::Limits,
+    ),
+    var(
+        ENV_SESSION_IDLE,
+        "5m",
+        "idle time before a session is suspended: 0 (never) or 1s to 12h",
+        HelpGroup::Limits,
+    ),
+    var(
+        ENV_SESSION_DISK_MB,
+        "1024",
+        "a session's disk budget in MiB, measured after each call; 0 = no bound",
         HelpGroup::Limits,
     ),
     var(
@@ -454,7 +529,8 @@ mod tests {
 
     #[test]
     fn every_env_constant_is_in_the_table_and_the_help_text() {
-        let declared = declared_names();
+        let mut declared = declared_names();
+        declared.extend(BROKER_VARIABLES.iter().map(|n| (*n).to_owned()));
         assert_eq!(declared.len(), VARIABLES.len());
         let mentioned = mentioned_names(&help_text());
         for name in &declared {
@@ -471,7 +547,8 @@ mod tests {
 
     #[test]
     fn every_name_in_the_help_text_is_an_env_constant() {
-        let declared = declared_names();
+        let mut declared = declared_names();
+        declared.extend(BROKER_VARIABLES.iter().map(|n| (*n).to_owned()));
         for name in mentioned_names(&help_text()) {
             assert!(declared.contains(&name), "help mentions undeclared {name}");
         }

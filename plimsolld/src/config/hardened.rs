@@ -7,8 +7,8 @@
 //!
 //! Rules this build can judge: isolation (1), identity (2), transport (3) and the explicit
 //! envelope (5). Immutable surface (4) has no rule for `disabled` or `wasm`; rate (6),
-//! per-caller concurrency (7), sessions (8) and metered allowances (9) arrive with the
-//! settings they judge.
+//! per-caller concurrency (7) and metered allowances (9) arrive with the settings they judge;
+//! sessions (8) are judged here.
 
 use super::docker::SeccompSetting;
 use super::env::{
@@ -131,6 +131,14 @@ pub fn hardened_violations(config: &Config, proven_tier: Option<&str>) -> Vec<St
         if value <= 0.0 {
             violations.push(format!("envelope: {var} must be set explicitly, above 0"));
         }
+    }
+
+    // 8. Sessions: when on, every caller is capped.
+    if config.sessions.enabled() && config.sessions.per_caller == 0 {
+        violations.push(format!(
+            "sessions: {} must be above 0 when sessions are on",
+            super::env::ENV_MAX_SESSIONS_PER_CALLER
+        ));
     }
 
     violations
@@ -318,6 +326,20 @@ mod tests {
     fn docker_under_runsc_with_pins_and_full_envelope_passes() {
         assert_eq!(violations(&docker_passing()), Vec::<String>::new());
         assert!(hardened_violations(&docker_passing(), None).is_empty());
+    }
+
+    #[test]
+    fn sessions_on_without_a_per_caller_cap_are_a_violation() {
+        let mut config = docker_passing();
+        config.sessions.max_sessions = 4;
+        let found = hardened_violations(&config, None);
+        assert_eq!(found.len(), 1, "{found:?}");
+        assert!(
+            found[0].contains("SANDBOX_MAX_SESSIONS_PER_CALLER"),
+            "{found:?}"
+        );
+        config.sessions.per_caller = 1;
+        assert!(hardened_violations(&config, None).is_empty());
     }
 
     #[test]

@@ -13,8 +13,10 @@ pub mod admission;
 pub mod docker;
 pub mod duration;
 pub mod env;
+pub mod grants;
 pub mod hardened;
 pub mod listen_addr;
+pub mod session;
 mod value;
 
 use std::fmt;
@@ -192,6 +194,10 @@ pub struct Config {
     pub limits: admission::Limits,
     /// The docker provider's settings (defaults unless the provider is docker).
     pub docker: docker::DockerConfig,
+    /// The session settings (sessions are off unless `SANDBOX_MAX_SESSIONS` > 0).
+    pub sessions: session::SessionConfig,
+    /// The grant path: off, an operator-run broker, or a supervised child.
+    pub grants: grants::GrantSource,
     /// `PLIMSOLL_*` / `SANDBOX_*` names set but unknown to this build; the daemon warns.
     pub unknown_vars: Vec<String>,
 }
@@ -277,6 +283,12 @@ pub enum ConfigProblem {
     /// The memory budget cannot hold one run.
     #[error("SANDBOX_TOTAL_MEMORY_MB: {reason}")]
     MemoryBudget { reason: String },
+    /// A session variable is malformed, or sessions were asked of a provider without them.
+    #[error(transparent)]
+    Session(#[from] session::SessionConfigProblem),
+    /// A grant variable is malformed.
+    #[error(transparent)]
+    Grants(#[from] grants::GrantsConfigProblem),
     /// A real provider with no authentication and no `PLIMSOLL_INSECURE=1`.
     #[error(
         "refusing to start: a real sandbox provider is enabled but PLIMSOLL_TOKEN is unset \
@@ -303,6 +315,8 @@ impl ConfigProblem {
             Self::BadFloor { .. } => ENV_MIN_ISOLATION,
             Self::MaxConcurrentOutOfRange { .. } => ENV_MAX_CONCURRENT,
             Self::MemoryBudget { .. } => ENV_TOTAL_MEMORY_MB,
+            Self::Session(p) => p.variable(),
+            Self::Grants(p) => p.variable(),
         }
     }
 }
@@ -357,6 +371,13 @@ impl Config {
         let max_concurrent = limits.max_concurrent;
         let auth = r.auth(provider, insecure);
         let docker = r.docker(provider);
+        let (sessions, session_problems) = session::read(env, provider);
+        r.problems
+            .extend(session_problems.into_iter().map(ConfigProblem::Session));
+        let grants = grants::read(env).unwrap_or_else(|p| {
+            r.problems.push(ConfigProblem::Grants(p));
+            grants::GrantSource::Off
+        });
 
         if !r.problems.is_empty() {
             return Err(ConfigError {
@@ -378,6 +399,8 @@ impl Config {
             max_concurrent,
             limits,
             docker,
+            sessions,
+            grants,
             unknown_vars: unknown_variables(env),
         })
     }
@@ -401,6 +424,12 @@ impl Config {
                 );
             }
             _ => {}
+        }
+        if self.sessions.enabled() && self.sessions.max_sessions >= self.limits.max_concurrent {
+            warnings.push(format!(
+                "SANDBOX_MAX_SESSIONS={} is not below SANDBOX_MAX_CONCURRENT={}: every live session (paused ones included) holds a run slot, so sessions can take every slot",
+                self.sessions.max_sessions, self.limits.max_concurrent
+            ));
         }
         if let Some(metrics) = &self.metrics_addr
             && !listen_addr::is_loopback_addr(metrics)

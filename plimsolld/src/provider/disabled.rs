@@ -92,6 +92,7 @@ mod tests {
                 code: "console.log(1)".into(),
                 timeout: Duration::from_secs(1),
                 hold: crate::provider::Hold::default(),
+                grant: None,
             })
             .await
             .expect_err("disabled runs nothing");

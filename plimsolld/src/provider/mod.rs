@@ -16,6 +16,7 @@
 pub mod disabled;
 #[cfg(feature = "docker")]
 pub mod docker;
+pub mod session;
 #[cfg(feature = "wasm")]
 pub mod wasm;
 
@@ -52,6 +53,9 @@ pub struct Environment {
 }
 
 pub use crate::config::Resources;
+pub use session::{
+    CellCall, CellOutcome, OpenedSession, SessionFault, SessionOpen, SessionSandbox,
+};
 
 /// Everything `Describe` says about the provider except its current tier and
 /// the daemon's session settings, which the daemon adds.
@@ -118,6 +122,9 @@ pub struct SnippetRun {
     pub timeout: Duration,
     /// The admission slot: keep it until the sandbox is gone.
     pub hold: Hold,
+    /// The run's open grant, when it named a profile: the socket the guest may call and
+    /// what its client library needs. The daemon closes it once the provider returns.
+    pub grant: Option<std::sync::Arc<crate::grant::GuestGrant>>,
 }
 
 /// What a snippet run produced. A non-zero exit is a result, never an error.
@@ -159,6 +166,10 @@ pub struct ProjectPlan {
     pub timeout: Duration,
     /// The admission slot: keep it until the sandbox is gone.
     pub hold: Hold,
+    /// The run's open grant, when it named a profile (only reaches a provider whose
+    /// `Describe` states `supports_project_grants`): mount `socket` and preload
+    /// [`crate::grant::host_client::node`] as the plan's `hostSDK`.
+    pub grant: Option<std::sync::Arc<crate::grant::GuestGrant>>,
 }
 
 /// What a project run produced: a typed outcome, never an error, once the sandbox started.
@@ -239,6 +250,16 @@ pub trait Provider: Send + Sync + 'static {
         Err(ProviderError::Refused(
             self.unsupported(PayloadKind::Project),
         ))
+    }
+
+    /// Opens a session sandbox (providers.md §9.1): created, verified and baselined before
+    /// it is handed over. By default a provider keeps no sessions: nothing is started.
+    async fn open_session(&self, open: SessionOpen) -> Result<OpenedSession, ProviderError> {
+        let _ = open;
+        Err(ProviderError::Refused(Refusal::Unsupported(format!(
+            "sessions are off: the {} provider keeps no sessions; nothing ran",
+            self.describe().sandbox
+        ))))
     }
 
     /// Ends in-flight work within `budget` at shutdown.

@@ -230,7 +230,9 @@ impl Pipeline {
             )))
             .with_limits(limits),
         };
-        let probes = Arc::new(probes::Probes::new(self.state.provider.clone()));
+        let probes = Arc::new(
+            probes::Probes::new(self.state.provider.clone()).with_grants(self.state.grants.clone()),
+        );
         let auth_on = self.verifier.is_on();
         ServiceBuilder::new()
             .layer_fn(unread_body::UnreadBody::new)

@@ -1,12 +1,14 @@
 //! `/readyz`: the provider's bounded, cached readiness check. The answer's
 //! body is fixed; the reason goes only to the log, at most once every 30 s.
-//! It never runs the startup proof.
+//! It never runs the startup proof. A configured grant broker that does not
+//! answer makes the daemon not ready too.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use tokio::sync::Mutex;
 
+use crate::grant::Grants;
 use crate::provider::Provider;
 
 /// How long one readiness answer is reused.
@@ -25,6 +27,7 @@ struct Cached {
 /// The readiness probe.
 pub struct Probes {
     provider: Arc<dyn Provider>,
+    grants: Option<Arc<Grants>>,
     cached: Mutex<Cached>,
 }
 
@@ -33,12 +36,19 @@ impl Probes {
     pub fn new(provider: Arc<dyn Provider>) -> Probes {
         Probes {
             provider,
+            grants: None,
             cached: Mutex::new(Cached {
                 at: None,
                 ready: false,
                 logged: None,
             }),
         }
+    }
+
+    /// Also not ready while `grants`' broker does not answer.
+    pub fn with_grants(mut self, grants: Arc<Grants>) -> Probes {
+        self.grants = Some(grants);
+        self
     }
 
     /// Whether the provider is ready, re-checked at most once per second.
@@ -52,7 +62,8 @@ impl Probes {
         let result = match tokio::time::timeout(BOUND, self.provider.ready()).await {
             Ok(r) => r,
             Err(_) => Err(format!("readiness check took longer than {BOUND:?}")),
-        };
+        }
+        .and_then(|()| self.grants.as_ref().map_or(Ok(()), |g| g.ready()));
         c.at = Some(Instant::now());
         c.ready = result.is_ok();
         if let Err(reason) = result

@@ -30,7 +30,25 @@ pub(super) fn handle(state: &State) -> DescribeResponse {
             disk_mb: state.resources.disk_mb,
             ..Default::default()
         }),
-        policy: d.policy,
+        policy: d.policy.clone(),
+        ..session_fields(state, &d)
+    }
+}
+
+/// The session settings, stated only when sessions are on and the provider keeps them.
+fn session_fields(state: &State, d: &crate::provider::Description) -> DescribeResponse {
+    let c = state.sessions.config();
+    if !c.enabled() || !d.supports_sessions {
+        return DescribeResponse::default();
+    }
+    let ms = |t: std::time::Duration| u32::try_from(t.as_millis()).unwrap_or(u32::MAX);
+    DescribeResponse {
+        supports_sessions: true,
+        session_lifetime_ms: ms(c.lifetime),
+        session_idle_timeout_ms: ms(c.idle),
+        session_environment: MessageField::some(environment(&d.session)),
+        max_sessions_per_caller: c.per_caller,
+        max_sessions_per_owner: c.per_owner,
         ..Default::default()
     }
 }

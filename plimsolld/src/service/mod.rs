@@ -33,6 +33,10 @@ pub struct State {
     pub metrics: Arc<Metrics>,
     /// Run caps, per-caller caps and rate limits.
     pub admission: Arc<Admission>,
+    /// Host-API grants: off, or the broker that opens and closes each run's grant.
+    pub grants: Arc<crate::grant::Grants>,
+    /// The live sessions.
+    pub sessions: Arc<crate::session::Sessions>,
 }
 
 impl State {
@@ -142,9 +146,12 @@ impl wire::SandboxService for SandboxApi {
         ctx: RequestContext,
         request: ServiceRequest<'_, wire::OpenSessionRequest>,
     ) -> ServiceResult<wire::OpenSessionResponse> {
-        enter(&ctx)?;
+        let principal = enter(&ctx)?;
         let req = request.to_owned_message();
-        finish(&ctx, session::open(&self.state, req).map(Response::new))
+        let result = session::open(&self.state, &principal, req)
+            .await
+            .map(Response::new);
+        finish(&ctx, result)
     }
 
     async fn session_run(
@@ -152,9 +159,12 @@ impl wire::SandboxService for SandboxApi {
         ctx: RequestContext,
         request: ServiceRequest<'_, wire::SessionRunRequest>,
     ) -> ServiceResult<wire::SessionRunResponse> {
-        enter(&ctx)?;
+        let principal = enter(&ctx)?;
         let req = request.to_owned_message();
-        finish(&ctx, session::run(&self.state, req).map(Response::new))
+        let result = session::run(&self.state, &principal, req)
+            .await
+            .map(Response::new);
+        finish(&ctx, result)
     }
 
     async fn close_session(
@@ -162,8 +172,11 @@ impl wire::SandboxService for SandboxApi {
         ctx: RequestContext,
         request: ServiceRequest<'_, wire::CloseSessionRequest>,
     ) -> ServiceResult<wire::CloseSessionResponse> {
-        enter(&ctx)?;
+        let principal = enter(&ctx)?;
         let req = request.to_owned_message();
-        finish(&ctx, session::close(&self.state, req).map(Response::new))
+        let result = session::close(&self.state, &principal, req)
+            .await
+            .map(Response::new);
+        finish(&ctx, result)
     }
 }

@@ -2,7 +2,7 @@
 //! order, so a reviewer can hold this file against the spec line by line.
 
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime};
 
 use connectrpc::ConnectError;
 use plimsoll::record;
@@ -16,10 +16,15 @@ use plimsoll::wire::{
 
 use super::{State, answer_error};
 use crate::auth::Principal;
+use crate::grant::{self, OpenGrant};
 use crate::provider::{
     Description, Hold, ProjectPlan, ProjectReport, ProviderError, SnippetOutcome, SnippetRun,
 };
 use crate::record::Answer;
+
+/// How long past the run's timeout its grant stays open: a sandbox's start (a container's
+/// create and start) comes before the guest's clock begins.
+const GRANT_SLACK: Duration = Duration::from_secs(5);
 
 /// Handles one `Run` request.
 pub(super) async fn handle(
@@ -34,14 +39,15 @@ pub(super) async fn handle(
     let rule = req.software_rule.as_option();
     validate::check_software_rule(rule)?;
     let kind = validate::check_run_payload(req.payload.as_ref())?;
-    // 5: grant profile selection. No profile exists until the broker lands,
-    // so a named profile is unavailable to every caller.
-    check_grant_profile(&req)?;
+    // 5: grant profile selection: the broker opens the run's grant (or refuses). From
+    // here on every way out closes it: the open grant closes itself when dropped.
+    let description = state.provider.describe();
+    let timeout = run_timeout(state, &req, &description);
+    let grant = select_grant(state, principal, &req, &description, timeout).await?;
     // 6: the floor against the tier right now.
     let tier = state.current_tier();
     check_floor(floor, tier)?;
     // 7: the software rule against the selected environment.
-    let description = state.provider.describe();
     let identity = match kind {
         PayloadKind::Project => &description.project.software_identity,
         PayloadKind::Module => &description.module.software_identity,
@@ -53,31 +59,22 @@ pub(super) async fn handle(
     // 9: dispatch. The slot travels with the job: the provider frees it
     // when the sandbox is gone, which may be after the answer.
     let hold = Hold::new(permit);
+    let guest = grant.as_ref().map(OpenGrant::guest);
     let job = match req.payload.as_ref() {
-        Some(run_request::Payload::Javascript(js)) => {
-            let timeout_ms = validate::effective_timeout_ms(
-                req.timeout_ms,
-                state.provider.default_timeout_ms(),
-                description.javascript.max_timeout_ms,
-            );
-            Job::Snippet(SnippetRun {
-                code: js.code.clone(),
-                timeout: Duration::from_millis(u64::from(timeout_ms)),
-                hold,
-            })
-        }
+        Some(run_request::Payload::Javascript(js)) => Job::Snippet(SnippetRun {
+            code: js.code.clone(),
+            timeout,
+            hold,
+            grant: guest,
+        }),
         Some(run_request::Payload::Project(p)) if description.supports_project => {
-            let timeout_ms = validate::effective_timeout_ms(
-                req.timeout_ms,
-                state.provider.default_project_timeout_ms(),
-                description.project.max_timeout_ms,
-            );
             Job::Project(ProjectPlan {
                 files: p.files.clone(),
                 steps: p.steps.clone(),
                 artifacts: p.artifacts.clone(),
-                timeout: Duration::from_millis(u64::from(timeout_ms)),
+                timeout,
                 hold,
+                grant: guest,
             })
         }
         _ => return Err(state.provider.unsupported(kind).into()),
@@ -92,6 +89,7 @@ pub(super) async fn handle(
         tier,
         description,
         req,
+        grant,
     };
     tokio::spawn(dispatch.run(job))
         .await
@@ -114,13 +112,14 @@ struct Dispatch {
     tier: IsolationTier,
     description: Description,
     req: RunRequest,
+    grant: Option<OpenGrant>,
 }
 
 impl Dispatch {
     /// Runs the job (the provider frees its slot once the sandbox is gone),
     /// then counts, answers and audits the run, whether or not anyone still
     /// waits for it.
-    async fn run(self, job: Job) -> Result<RunResponse, ConnectError> {
+    async fn run(mut self, job: Job) -> Result<RunResponse, ConnectError> {
         let (outcome, code_bytes) = match job {
             Job::Snippet(run) => {
                 let bytes = run.code.len();
@@ -141,6 +140,11 @@ impl Dispatch {
         if !matches!(outcome, Err(ProviderError::Refused(_))) {
             self.state.metrics.run_dispatched();
         }
+        // The sandbox has ended (whatever the outcome): revoke the grant before answering.
+        let host_calls = match self.grant.take() {
+            Some(grant) => grant.close().await,
+            None => None,
+        };
         let outcome = outcome.map_err(|e| answer_error(e, &self.state.metrics))?;
         let resp = match outcome {
             Done::Snippet(out) => answer_snippet(
@@ -166,6 +170,7 @@ impl Dispatch {
             code_bytes,
             &resp,
             self.arrived.started,
+            host_calls.as_ref(),
         );
         Ok(resp)
     }
@@ -177,18 +182,74 @@ enum Done {
     Project(ProjectReport),
 }
 
-fn check_grant_profile(req: &RunRequest) -> Result<(), Refusal> {
-    let profile = match req.payload.as_ref() {
-        Some(run_request::Payload::Javascript(js)) => js.grant_profile.as_str(),
-        Some(run_request::Payload::Project(p)) => p.grant_profile.as_str(),
-        _ => "",
+/// The run's effective timeout: the request's, defaulted and clamped to the payload
+/// kind's ceiling.
+fn run_timeout(state: &State, req: &RunRequest, description: &Description) -> Duration {
+    let (default_ms, ceiling_ms) = match req.payload.as_ref() {
+        Some(run_request::Payload::Project(_)) => (
+            state.provider.default_project_timeout_ms(),
+            description.project.max_timeout_ms,
+        ),
+        _ => (
+            state.provider.default_timeout_ms(),
+            description.javascript.max_timeout_ms,
+        ),
+    };
+    let ms = validate::effective_timeout_ms(req.timeout_ms, default_ms, ceiling_ms);
+    Duration::from_millis(u64::from(ms))
+}
+
+/// Step 5 (wire.md §6.6): no profile, no grant; a profile name over 128 bytes is invalid;
+/// with grants off every profile is unavailable; a payload kind without a credential-safe
+/// path on this provider is unsupported; else the broker opens the run's grant for this
+/// caller, until the run's deadline, or refuses.
+async fn select_grant(
+    state: &State,
+    principal: &Principal,
+    req: &RunRequest,
+    description: &Description,
+    timeout: Duration,
+) -> Result<Option<OpenGrant>, Refusal> {
+    let (profile, supported, kind) = match req.payload.as_ref() {
+        Some(run_request::Payload::Javascript(js)) => (
+            js.grant_profile.as_str(),
+            description.supports_javascript_grants,
+            PayloadKind::Javascript,
+        ),
+        Some(run_request::Payload::Project(p)) => (
+            p.grant_profile.as_str(),
+            description.supports_project_grants,
+            PayloadKind::Project,
+        ),
+        _ => return Ok(None),
     };
     if profile.is_empty() {
-        return Ok(());
+        return Ok(None);
     }
-    Err(Refusal::PermissionDenied(format!(
-        "grant_profile {profile:?} is not available to this caller"
-    )))
+    if profile.len() > grant::MAX_PROFILE_NAME_BYTES {
+        return Err(Refusal::InvalidRequest(format!(
+            "grant_profile is {} bytes; at most {} are allowed",
+            profile.len(),
+            grant::MAX_PROFILE_NAME_BYTES
+        )));
+    }
+    // Grants off: every profile is unknown, whatever the provider could do.
+    if !state.grants.enabled() {
+        return Err(grant::unavailable(profile));
+    }
+    if !supported {
+        return Err(Refusal::Unsupported(format!(
+            "the {} provider has no credential-safe grant path for a {} payload; nothing ran",
+            description.sandbox,
+            kind.as_str()
+        )));
+    }
+    let deadline = SystemTime::now() + timeout + GRANT_SLACK;
+    state
+        .grants
+        .open(profile, principal, deadline)
+        .await
+        .map(Some)
 }
 
 /// Refuses a run whose floor is above the tier right now.
@@ -275,6 +336,7 @@ fn audit(
     code_bytes: usize,
     resp: &RunResponse,
     started: Instant,
+    host_calls: Option<&broker::control::protocol::RunSummary>,
 ) {
     let (exit_code, timed_out, outcome) = match &resp.result {
         Some(run_response::Result::Javascript(js)) => (js.exit_code, js.timed_out, ""),
@@ -286,9 +348,15 @@ fn audit(
         _ => (0, false, ""),
     };
     let trace = validate::trace_id(&req.trace_id);
+    let nonzero = |n: u64| (n > 0).then_some(n);
     tracing::info!(
         op = "run",
         caller = principal.audit_key(),
+        grant_profile = grant_profile(req),
+        host_calls = host_calls.map(|h| h.calls),
+        host_calls_denied = host_calls.and_then(|h| nonzero(h.denied)),
+        host_calls_shed = host_calls.and_then(|h| nonzero(h.shed)),
+        host_calls_dropped = host_calls.and_then(|h| nonzero(h.dropped)),
         code_bytes,
         sandbox = %resp.sandbox,
         isolation = %resp.isolation,
@@ -300,6 +368,15 @@ fn audit(
         trace_id_rejected = trace.is_none() && !req.trace_id.is_empty(),
         "code run"
     );
+}
+
+/// The request's `grant_profile`, or "".
+fn grant_profile(req: &RunRequest) -> &str {
+    match req.payload.as_ref() {
+        Some(run_request::Payload::Javascript(js)) => &js.grant_profile,
+        Some(run_request::Payload::Project(p)) => &p.grant_profile,
+        _ => "",
+    }
 }
 
 /// A project outcome's client name (wire.md §5.4), for the log.
@@ -384,11 +461,17 @@ mod tests {
             clamped: false,
         };
         Arc::new(State {
+            sessions: crate::session::Sessions::new(
+                Default::default(),
+                provider.clone(),
+                Admission::new(limits, metrics.clone()),
+            ),
             provider,
             proven: IsolationTier::Process,
             resources: Default::default(),
             admission: Admission::new(limits, metrics.clone()),
             metrics,
+            grants: Arc::new(crate::grant::Grants::off()),
         })
     }
 
@@ -485,6 +568,7 @@ mod tests {
             artifacts: Vec::new(),
             timeout: Duration::from_secs(1),
             hold: Hold::default(),
+            grant: None,
         };
         assert!(matches!(
             provider.run_project(plan).await,

@@ -1,52 +1,514 @@
-//! `OpenSession`, `SessionRun` and `CloseSession` (wire.md §7).
-//!
-//! No provider built so far keeps sessions, so sessions are off: an open is
-//! refused as unsupported after its envelope checks, and every session id is
-//! unknown. The session issue replaces this with the real session table.
+//! `OpenSession`, `SessionRun` and `CloseSession` (wire.md §7). Each handler is a list of
+//! named steps in the spec's order; the session table (`crate::session`) keeps the turn, the
+//! chain and the ends, and the call itself runs in its own task, so a caller that hangs up
+//! never leaves a call half-recorded.
 
-use connectrpc::ConnectError;
-use plimsoll::refusal::Refusal;
-use plimsoll::validate;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use buffa::MessageField;
+use connectrpc::{ConnectError, ErrorCode, ErrorDetail};
+use plimsoll::record::{self, Stamp};
+use plimsoll::refusal::{Refusal, SESSION_ENDED_TYPE, UNANSWERED_CALL_TYPE};
+use plimsoll::validate::{self, PayloadKind};
 use plimsoll::wire::{
-    CloseSessionRequest, CloseSessionResponse, OpenSessionRequest, OpenSessionResponse,
-    SessionRunRequest, SessionRunResponse,
+    CellResult, CloseSessionRequest, CloseSessionResponse, JavaScriptResult, OpenSessionRequest,
+    OpenSessionResponse, RunRecord, RunResponse, SessionEnd, SessionEnded, SessionRunRequest,
+    SessionRunResponse, UnansweredCall, run_response, session_run_request,
 };
 
-use super::State;
+use super::run::{check_floor, check_software};
+use super::{State, answer_error, internal};
+use crate::auth::Principal;
+use crate::provider::{CellCall, Hold, ProjectPlan, SessionFault, SessionSandbox};
+use crate::record::Answer;
+use crate::session::{Entry, OpenTerms, Sessions, Stated, TurnGuard, terms};
 
-/// Opens a session: protocol, floor syntax and rule syntax first, then the
-/// refusal that sessions are off.
-pub(super) fn open(
-    state: &State,
+// === OpenSession ===
+
+/// Opens a session: envelope checks, sessions on, owner, languages, floor and rule against
+/// the session environment, then the table (caps, admission) and the provider's sandbox.
+pub(super) async fn open(
+    state: &Arc<State>,
+    principal: &Principal,
     req: OpenSessionRequest,
 ) -> Result<OpenSessionResponse, ConnectError> {
     validate::check_protocol(req.protocol)?;
-    validate::check_floor(&req.minimum_isolation)?;
-    validate::check_software_rule(req.software_rule.as_option())?;
-    let sandbox = state.provider.describe().sandbox;
-    Err(Refusal::Unsupported(format!(
-        "sessions are off: the {sandbox} provider keeps no sessions on this daemon"
-    ))
-    .into())
+    let floor = validate::check_floor(&req.minimum_isolation)?;
+    let rule = req.software_rule.as_option().cloned();
+    validate::check_software_rule(rule.as_ref())?;
+    let description = state.provider.describe();
+    let config = *state.sessions.config();
+    if !config.enabled() || !description.supports_sessions {
+        return Err(Refusal::Unsupported(format!(
+            "sessions are off: the {} provider keeps no sessions on this daemon",
+            description.sandbox
+        ))
+        .into());
+    }
+    terms::check_owner(&req.owner)?;
+    let languages = terms::languages(&req.languages, &description.session.languages)?;
+    let tier = state.current_tier();
+    check_floor(floor, tier)?;
+    check_software(rule.as_ref(), &description.session.software_identity)?;
+    let lifetime = terms::lifetime(req.lifetime_ms, config.lifetime);
+    let idle = terms::idle(req.idle_timeout_ms, config.idle);
+    let id = hex::encode(rand::random::<[u8; 16]>());
+    let fingerprint = record::session_fingerprint(&id);
+    let expires_unix_ms = unix_ms_now().saturating_add(duration_ms_i64(lifetime));
+    let expires_at = tokio::time::Instant::now() + lifetime;
+    let terms = OpenTerms {
+        caller: principal.audit_key().to_owned(),
+        owner: req.owner.clone(),
+        lifetime,
+        languages,
+    };
+    let sandbox = description.sandbox;
+    let policy = description.policy.clone();
+    let caller = terms.caller.clone();
+    let owner = terms.owner.clone();
+    let sessions = Arc::clone(&state.sessions);
+    let stated_id = id.clone();
+    let stated_fingerprint = fingerprint.clone();
+    // In its own task: a caller that hangs up mid-open leaves a session that ends unclaimed,
+    // never a container nobody tracks.
+    let opening = tokio::spawn(async move {
+        sessions
+            .open(terms, move |opened| Stated {
+                id: stated_id,
+                fingerprint: stated_fingerprint,
+                caller,
+                owner,
+                sandbox,
+                tier,
+                environment: opened.environment.clone(),
+                software_identity: opened.software_identity.clone(),
+                instance: opened.instance.clone(),
+                policy,
+                rule,
+                expires_unix_ms,
+                expires_at,
+                idle,
+            })
+            .await
+    });
+    let entry = opening
+        .await
+        .map_err(|e| internal(&format!("session open task failed: {e}")))?
+        .map_err(|e| answer_error(e, &state.metrics))?;
+    tracing::info!(
+        op = "open_session",
+        caller = principal.audit_key(),
+        session = %short(&entry.stated.fingerprint),
+        isolation = %tier,
+        lifetime_ms = duration_ms_i64(lifetime),
+        idle_ms = duration_ms_i64(idle),
+        "session opened"
+    );
+    Ok(OpenSessionResponse {
+        session_id: id,
+        session: fingerprint,
+        sandbox: sandbox.to_owned(),
+        isolation: tier.as_str().to_owned(),
+        expires_unix_ms,
+        idle_timeout_ms: u32::try_from(idle.as_millis()).unwrap_or(u32::MAX),
+        software_identity: entry.stated.software_identity.clone(),
+        ..Default::default()
+    })
 }
 
-/// Runs a call in a session: the envelope checks, then the lookup, which
-/// finds nothing while sessions are off.
-pub(super) fn run(
-    _state: &State,
+// === SessionRun ===
+
+/// Runs one call in a session: the envelope, the lookup (which claims the session, even for
+/// a request refused later), payload, grant, the restated rule, floor and rule against the
+/// session, a rate token, then the turn.
+pub(super) async fn run(
+    state: &Arc<State>,
+    principal: &Principal,
     req: SessionRunRequest,
 ) -> Result<SessionRunResponse, ConnectError> {
+    let arrived = Answer::arrived();
     validate::check_protocol(req.protocol)?;
-    validate::check_floor(&req.minimum_isolation)?;
-    validate::check_software_rule(req.software_rule.as_option())?;
-    Err(Refusal::SessionNotFound.into())
+    let floor = validate::check_floor(&req.minimum_isolation)?;
+    let rule = req.software_rule.as_option();
+    validate::check_software_rule(rule)?;
+    let entry = state
+        .sessions
+        .find(&req.session_id, principal.audit_key())?;
+    entry.claim();
+    let kind = validate::check_session_payload(req.payload.as_ref())?;
+    check_grant_profile(&req)?;
+    terms::check_call_rule(entry.stated.rule.as_ref(), rule)?;
+    check_floor(floor, entry.stated.tier)?;
+    check_software(rule, &entry.stated.software_identity)?;
+    let job = job(state, &req)?;
+    // Admission: a token, no slot (the session holds its slot for its whole life).
+    state.admission.charge(principal.audit_key())?;
+    let call = Call {
+        state: Arc::clone(state),
+        entry,
+        arrived,
+        req,
+        kind,
+    };
+    tokio::spawn(call.run(job))
+        .await
+        .map_err(|e| internal(&format!("session call task failed: {e}")))?
 }
 
-/// Closes a session: the protocol check, then the lookup.
-pub(super) fn close(
-    _state: &State,
+fn check_grant_profile(req: &SessionRunRequest) -> Result<(), Refusal> {
+    let profile = match req.payload.as_ref() {
+        Some(session_run_request::Payload::Javascript(js)) => js.grant_profile.as_str(),
+        Some(session_run_request::Payload::Project(p)) => p.grant_profile.as_str(),
+        _ => "",
+    };
+    if profile.is_empty() {
+        return Ok(());
+    }
+    Err(Refusal::PermissionDenied(format!(
+        "grant_profile {profile:?} is not available to this caller"
+    )))
+}
+
+/// What a session call runs.
+enum Job {
+    Snippet(String, Duration),
+    Project(ProjectPlan),
+    Cell(CellCall),
+}
+
+fn job(state: &State, req: &SessionRunRequest) -> Result<Job, Refusal> {
+    let d = state.provider.describe();
+    let ms = |default: u32, ceiling: u32| {
+        Duration::from_millis(u64::from(validate::effective_timeout_ms(
+            req.timeout_ms,
+            default,
+            ceiling,
+        )))
+    };
+    let snippet_timeout = ms(
+        state.provider.default_timeout_ms(),
+        d.javascript.max_timeout_ms,
+    );
+    Ok(match req.payload.as_ref() {
+        Some(session_run_request::Payload::Javascript(js)) => {
+            Job::Snippet(js.code.clone(), snippet_timeout)
+        }
+        Some(session_run_request::Payload::Project(p)) => Job::Project(ProjectPlan {
+            files: p.files.clone(),
+            steps: p.steps.clone(),
+            artifacts: p.artifacts.clone(),
+            timeout: ms(
+                state.provider.default_project_timeout_ms(),
+                d.project.max_timeout_ms,
+            ),
+            hold: Hold::default(),
+            // Sessions lend no grant: every named profile was refused above.
+            grant: None,
+        }),
+        Some(session_run_request::Payload::Cell(c)) => Job::Cell(CellCall {
+            language: c.language.clone(),
+            code: c.code.clone(),
+            files: c.files.clone(),
+            timeout: snippet_timeout,
+        }),
+        None => {
+            return Err(Refusal::InvalidRequest(
+                "payload must be exactly one of javascript, project or cell".to_owned(),
+            ));
+        }
+    })
+}
+
+/// One admitted session call, owned by the task that runs it.
+struct Call {
+    state: Arc<State>,
+    entry: Arc<Entry>,
+    arrived: Answer,
+    req: SessionRunRequest,
+    kind: PayloadKind,
+}
+
+impl Call {
+    /// Takes the turn, proves the sandbox, runs the job, chains the record, answers, and
+    /// leaves the sweep to run after the answer (its verdict reaches the next call).
+    async fn run(self, job: Job) -> Result<SessionRunResponse, ConnectError> {
+        let mut turn = self.entry.take_turn().await?;
+        let Some(sandbox) = turn.sandbox.as_mut() else {
+            return Err(self.ended_refusal().into());
+        };
+        if let Err(fault) = sandbox.prepare().await {
+            drop(turn);
+            return Err(self.refuse_before(fault).into());
+        }
+        self.entry.set_suspended(false);
+        // A session that ends under the call (its lifetime, the drain) cuts the call short:
+        // its sandbox is being removed, and what ran is recorded as unanswered.
+        let ran = tokio::select! {
+            ran = run_job(sandbox.as_mut(), job) => ran,
+            ended = self.entry.until_ended() => Err(SessionFault::Ended {
+                reason: ended.reason,
+                detail: ended.detail,
+            }),
+        };
+        if !matches!(ran, Err(SessionFault::Refused(_))) {
+            self.state.metrics.run_dispatched();
+        }
+        let answer = match ran {
+            Ok(result) => Ok(self.answer(&mut turn, result)),
+            // Nothing of the call ran, but a cell may have started launching an interpreter:
+            // the sweep still proves the boundary before the next call.
+            Err(SessionFault::Refused(r)) => Err(r.into()),
+            Err(SessionFault::Ended { reason, detail }) => {
+                let err = self.unanswered(&mut turn, ErrorCode::FailedPrecondition, &detail);
+                let err = err.with_detail(session_ended_detail(reason, &detail));
+                drop(turn);
+                self.state.sessions.end(&self.entry, reason, &detail);
+                return Err(err);
+            }
+            Err(SessionFault::Infrastructure(detail)) => {
+                self.state.metrics.run_failed();
+                let id = internal(&detail);
+                Err(self.unanswered_from(&mut turn, id))
+            }
+        };
+        sweep_after(
+            Arc::clone(&self.state.sessions),
+            Arc::clone(&self.entry),
+            turn,
+        );
+        answer
+    }
+
+    fn ended_refusal(&self) -> Refusal {
+        self.entry
+            .ended()
+            .map_or(Refusal::SessionNotFound, |e| e.refusal())
+    }
+
+    /// A fault before the call ran: the session either goes on (a refusal) or ends here.
+    fn refuse_before(&self, fault: SessionFault) -> Refusal {
+        match fault {
+            SessionFault::Refused(r) => r,
+            SessionFault::Ended { reason, detail } => {
+                self.state.sessions.end(&self.entry, reason, &detail);
+                self.ended_refusal()
+            }
+            SessionFault::Infrastructure(detail) => {
+                tracing::warn!(error = %detail, "session read-back failed");
+                Refusal::Environment(
+                    "the session's sandbox could not be shown to be the one opened; nothing ran"
+                        .to_owned(),
+                )
+            }
+        }
+    }
+
+    fn stamp(&self, turn: &TurnGuard) -> Stamp {
+        let s = &self.entry.stated;
+        Stamp {
+            provider: s.sandbox.to_owned(),
+            isolation: s.tier.as_str().to_owned(),
+            environment: s.environment.clone(),
+            policy: s.policy.clone(),
+            software_identity: s.software_identity.clone(),
+            software_rule_id: record::software_rule_id(self.req.software_rule.as_option()),
+            instance: s.instance.clone(),
+            started_unix_ms: self.arrived.started_unix_ms,
+            elapsed: self.arrived.started.elapsed(),
+            session: s.fingerprint.clone(),
+            sequence: turn.sequence + 1,
+            previous_sha256: turn.last_record.clone(),
+        }
+    }
+
+    fn answer(&self, turn: &mut TurnGuard, result: run_response::Result) -> SessionRunResponse {
+        let s = &self.entry.stated;
+        let mut resp = RunResponse {
+            sandbox: s.sandbox.to_owned(),
+            isolation: s.tier.as_str().to_owned(),
+            duration_ms: duration_ms_i64(self.arrived.started.elapsed()),
+            software_identity: s.software_identity.clone(),
+            environment: s.environment.clone(),
+            instance: s.instance.clone(),
+            result: Some(result),
+            ..Default::default()
+        };
+        record::canonicalize_response(&mut resp);
+        let sealed = record::seal(
+            record::session_request_digest(&self.req),
+            record::result_digest(&resp),
+            self.stamp(turn),
+        );
+        turn.sequence += 1;
+        turn.last_record = sealed.record_sha256.clone();
+        resp.record = MessageField::some(sealed);
+        let ended = self.entry.ended();
+        let trace = validate::trace_id(&self.req.trace_id);
+        tracing::info!(
+            op = "session_run",
+            caller = %self.entry.stated.caller,
+            session = %short(&self.entry.stated.fingerprint),
+            kind = self.kind.as_str(),
+            sequence = turn.sequence,
+            duration_ms = resp.duration_ms,
+            trace_id = trace.unwrap_or_default(),
+            trace_id_rejected = trace.is_none() && !self.req.trace_id.is_empty(),
+            "code run"
+        );
+        SessionRunResponse {
+            run: MessageField::some(resp),
+            ended: ended
+                .as_ref()
+                .map_or(SessionEnd::SESSION_END_UNSPECIFIED, |e| e.reason)
+                .into(),
+            end_detail: ended.map(|e| e.detail).unwrap_or_default(),
+            ..Default::default()
+        }
+    }
+
+    /// A call that may have run but has no result: its version-4 record counts in the chain
+    /// and travels in the `UnansweredCall` detail.
+    fn unanswered(&self, turn: &mut TurnGuard, code: ErrorCode, message: &str) -> ConnectError {
+        self.unanswered_from(turn, ConnectError::new(code, message.to_owned()))
+    }
+
+    fn unanswered_from(&self, turn: &mut TurnGuard, err: ConnectError) -> ConnectError {
+        let sealed: RunRecord = record::seal_unanswered(
+            record::session_request_digest(&self.req),
+            err.code.as_str(),
+            self.stamp(turn),
+        );
+        turn.sequence += 1;
+        turn.last_record = sealed.record_sha256.clone();
+        let detail = UnansweredCall {
+            record: MessageField::some(sealed),
+            ..Default::default()
+        };
+        err.with_detail(ErrorDetail::from_message(UNANSWERED_CALL_TYPE, &detail))
+    }
+}
+
+async fn run_job(
+    sandbox: &mut dyn SessionSandbox,
+    job: Job,
+) -> Result<run_response::Result, SessionFault> {
+    Ok(match job {
+        Job::Snippet(code, timeout) => {
+            let out = sandbox.snippet(code, timeout).await?;
+            run_response::Result::Javascript(Box::new(JavaScriptResult {
+                stdout: out.stdout,
+                stderr: out.stderr,
+                exit_code: out.exit_code,
+                timed_out: out.timed_out,
+                stdout_truncated: out.stdout_truncated,
+                stderr_truncated: out.stderr_truncated,
+                ..Default::default()
+            }))
+        }
+        Job::Project(plan) => {
+            let report = sandbox.project(plan).await?;
+            run_response::Result::Project(Box::new(report.result))
+        }
+        Job::Cell(call) => {
+            let out = sandbox.cell(call).await?;
+            run_response::Result::Cell(Box::new(CellResult {
+                stdout: out.stdout,
+                stderr: out.stderr,
+                exit_code: out.exit_code,
+                timed_out: out.timed_out,
+                stdout_truncated: out.stdout_truncated,
+                stderr_truncated: out.stderr_truncated,
+                interpreter_started: out.interpreter_started,
+                interpreter_ended: out.interpreter_ended,
+                ..Default::default()
+            }))
+        }
+    })
+}
+
+/// The sweep after the answer, still holding the turn: the next call waits for it, and a
+/// session it ends is reported to that call.
+fn sweep_after(sessions: Arc<Sessions>, entry: Arc<Entry>, mut turn: TurnGuard) {
+    tokio::spawn(async move {
+        let Some(sandbox) = turn.sandbox.as_mut() else {
+            return;
+        };
+        let swept = sandbox.sweep().await;
+        drop(turn);
+        if let Err(fault) = swept {
+            let (reason, detail) = match fault {
+                SessionFault::Ended { reason, detail } => (reason, detail),
+                other => {
+                    tracing::warn!(error = %other, "session sweep failed");
+                    (
+                        SessionEnd::SESSION_END_BOUNDARY_FAILED,
+                        "the between-calls cleanup could not be proven".to_owned(),
+                    )
+                }
+            };
+            sessions.end(&entry, reason, &detail);
+        }
+    });
+}
+
+fn session_ended_detail(reason: SessionEnd, detail: &str) -> ErrorDetail {
+    let msg = SessionEnded {
+        reason: reason.into(),
+        detail: detail.to_owned(),
+        ..Default::default()
+    };
+    ErrorDetail::from_message(SESSION_ENDED_TYPE, &msg)
+}
+
+// === CloseSession ===
+
+/// Closes a session: the protocol check, the lookup, then the close, which waits for an
+/// in-flight call and for the sandbox's removal. The entry is gone afterwards.
+pub(super) async fn close(
+    state: &Arc<State>,
+    principal: &Principal,
     req: CloseSessionRequest,
 ) -> Result<CloseSessionResponse, ConnectError> {
     validate::check_protocol(req.protocol)?;
-    Err(Refusal::SessionNotFound.into())
+    let entry = state
+        .sessions
+        .find(&req.session_id, principal.audit_key())?;
+    let sessions = Arc::clone(&state.sessions);
+    let closing = Arc::clone(&entry);
+    let (calls, last, ended) = tokio::spawn(async move { sessions.close(&closing).await })
+        .await
+        .map_err(|e| internal(&format!("session close task failed: {e}")))??;
+    tracing::info!(
+        op = "close_session",
+        caller = principal.audit_key(),
+        session = %short(&entry.stated.fingerprint),
+        calls,
+        "session closed"
+    );
+    Ok(CloseSessionResponse {
+        session: entry.stated.fingerprint.clone(),
+        calls,
+        last_record_sha256: last,
+        ended: ended.reason.into(),
+        ..Default::default()
+    })
+}
+
+// === helpers ===
+
+fn unix_ms_now() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
+        .unwrap_or(0)
+}
+
+fn duration_ms_i64(d: Duration) -> i64 {
+    i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
+}
+
+/// The first 12 hex of a fingerprint, for the log (never the id).
+fn short(fingerprint: &str) -> &str {
+    fingerprint.get(..12).unwrap_or(fingerprint)
 }

@@ -81,6 +81,12 @@ impl Engine {
         Ok(Engine { docker })
     }
 
+    /// The bollard client, for the exec calls of [`super::exec`] (which bound each call
+    /// themselves).
+    pub(super) fn api(&self) -> &bollard::Docker {
+        &self.docker
+    }
+
     pub(super) async fn ping(&self) -> Result<(), DockerError> {
         bounded("ping", QUICK, self.docker.ping()).await.map(drop)
     }

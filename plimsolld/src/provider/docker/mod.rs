@@ -22,6 +22,7 @@
 
 mod container;
 mod engine;
+pub(crate) mod exec;
 mod lockdown;
 mod orphans;
 mod output;
@@ -31,6 +32,7 @@ mod project;
 mod readiness;
 mod removal;
 mod runner;
+mod session;
 mod settings;
 mod smoke;
 
@@ -373,13 +375,26 @@ impl Provider for Docker {
             .unwrap_or_default();
         Description {
             sandbox: ID,
+            // Snippets get the run's broker socket mounted (grants.md §3, docker row).
+            supports_javascript_grants: true,
             javascript: Environment {
                 identity: ids.as_ref().map(|i| i.snippet.clone()).unwrap_or_default(),
                 max_timeout_ms: duration_ms(settings::SNIPPET_MAX_TIMEOUT),
                 software_identity: String::new(),
                 languages: vec!["javascript".to_owned()],
             },
+            // Session calls run in the project image (providers.md §9).
+            supports_sessions: true,
+            session: Environment {
+                identity: ids.as_ref().map(|i| i.project.clone()).unwrap_or_default(),
+                max_timeout_ms: duration_ms(project::MAX_TIMEOUT),
+                software_identity: String::new(),
+                languages: languages.clone(),
+            },
             supports_project: true,
+            // Projects get the run's broker socket mounted and the client library preloaded
+            // into every node a step starts (grants.md §3, docker row; project.rs).
+            supports_project_grants: true,
             project: Environment {
                 identity: ids.map(|i| i.project).unwrap_or_default(),
                 max_timeout_ms: duration_ms(project::MAX_TIMEOUT),
@@ -405,14 +420,32 @@ impl Provider for Docker {
             code,
             timeout,
             hold,
+            grant,
         } = run;
         let inner = &self.inner;
         let verified = inner.readiness.check().await.map_err(not_ready)?;
         let infrastructure = |e: DockerError| ProviderError::Infrastructure(e.to_string());
         let timeout = timeout.min(settings::SNIPPET_MAX_TIMEOUT);
-        let claimed = inner
-            .pool
-            .claim(&verified.snippet.id, verified.seccomp.as_deref());
+        // A granted snippet: its socket mounted, its variable set and the client library
+        // before its code; a pooled container has none of them, so it gets a fresh one.
+        let (code, socket, grant_env) = match &grant {
+            Some(g) => (
+                format!("{}{code}", crate::grant::host_client::node(g)),
+                Some(g.socket.as_path()),
+                vec![format!(
+                    "{}={}",
+                    crate::grant::HOST_API_SOCKET,
+                    lockdown::GUEST_SOCKET
+                )],
+            ),
+            None => (code, None, Vec::new()),
+        };
+        let claimed = match grant {
+            Some(_) => None,
+            None => inner
+                .pool
+                .claim(&verified.snippet.id, verified.seccomp.as_deref()),
+        };
         let mut prepared = match claimed {
             Some(member) => member,
             None => {
@@ -420,10 +453,10 @@ impl Provider for Docker {
                 let shape = Prepare {
                     image: &verified.snippet,
                     argv: &argv,
-                    run_env: &[],
+                    run_env: &grant_env,
                     image_env: true,
                     work: false,
-                    socket: None,
+                    socket,
                     identity: Identity::Guest,
                     role: "run",
                     lifetime: timeout + engine::START + Duration::from_secs(1),
@@ -483,6 +516,13 @@ impl Provider for Docker {
             software_identity: String::new(),
             instance: format!("docker-container:{}", ran.container_id),
         })
+    }
+
+    async fn open_session(
+        &self,
+        open: super::SessionOpen,
+    ) -> Result<super::OpenedSession, ProviderError> {
+        session::open(&self.inner, open).await
     }
 
     async fn drain(&self, budget: Duration) {
@@ -551,6 +591,7 @@ impl Docker {
                 code: SMOKE_SNIPPET.to_owned(),
                 timeout: SMOKE_SNIPPET_TIMEOUT,
                 hold: Hold::default(),
+                grant: None,
             })
             .await?;
         if out.exit_code != 0 || out.timed_out || out.stdout != b"plimsoll-snippet-ok\n" {
@@ -615,6 +656,7 @@ impl Docker {
             artifacts: Vec::new(),
             timeout: Duration::from_secs(30),
             hold: Hold::default(),
+            grant: None,
         };
         let ran = project::run(ctx, &verified.project, &plan, Hold::default()).await?;
         let result = &ran.result;

@@ -17,13 +17,14 @@
 //! No detail ever quotes the container's stderr or a step's output: any process in the
 //! sandbox can write those.
 
+use std::collections::HashMap;
 use std::time::Duration;
 
 use plimsoll::wire::{ProjectOutcome, ProjectResult};
 
 use super::DockerError;
 use super::container::{self, Context, Finished, Request};
-use super::lockdown::Identity;
+use super::lockdown::{self, Identity};
 use super::preflight::VerifiedImage;
 use super::runner::{self, Plan, PlanFile, Report, ReportKey};
 use crate::provider::{Hold, ProjectPlan};
@@ -34,10 +35,10 @@ pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(30);
 pub const MAX_TIMEOUT: Duration = Duration::from_secs(120);
 /// What the outer deadline adds to the plan's budget, so the runner can still report after
 /// its last step used all of it.
-const REPORT_GRACE: Duration = Duration::from_secs(5);
+pub(super) const REPORT_GRACE: Duration = Duration::from_secs(5);
 /// The runner and the guard library that makes it non-dumpable, in the project image.
-const RUNNER: &str = "/runner.mjs";
-const GUARD: &str = "/usr/local/lib/plimsoll-runner-guard.so";
+pub(super) const RUNNER: &str = "/runner.mjs";
+pub(super) const GUARD: &str = "/usr/local/lib/plimsoll-runner-guard.so";
 /// The runner's `/proc` entries a step must fail to open. The steps run as the guest uid and
 /// the runner as uid+1 ([`Identity::Runner`]), so the ptrace access check refuses them `mem`
 /// and every `fd/*` entry under both runtimes. gVisor serves every process's `environ`
@@ -74,18 +75,27 @@ pub async fn run(
     } else {
         PROC_CHECKS_RUNC
     };
+    // A granted project (grants.md §3, docker row): the run's socket mounted, its path in
+    // every step's environment and the client library preloaded into every node a step
+    // starts. Nothing of the credential is in any of them.
+    let host_sdk = plan.grant.as_deref().map(crate::grant::host_client::node);
+    let mut env: HashMap<&str, &str> = image
+        .env
+        .iter()
+        .filter_map(|entry| entry.split_once('='))
+        .collect();
+    if plan.grant.is_some() {
+        env.insert(crate::grant::HOST_API_SOCKET, lockdown::GUEST_SOCKET);
+    }
     let runner_plan = Plan {
         files: plan.files.iter().map(PlanFile::of).collect(),
         steps: &plan.steps,
         artifacts: &plan.artifacts,
         timeout_ms: u64::try_from(budget.as_millis()).unwrap_or(u64::MAX),
         // The runner does not get the image's ENV; its steps do.
-        env: image
-            .env
-            .iter()
-            .filter_map(|entry| entry.split_once('='))
-            .collect(),
+        env,
         proc_checks,
+        host_sdk: host_sdk.as_deref(),
     };
     let stdin = runner::stdin(&key, &runner_plan).map_err(DockerError::Plan)?;
     let finished = container::run_holding(
@@ -101,7 +111,7 @@ pub async fn run(
             stdin,
             timeout: budget + REPORT_GRACE,
             work: true,
-            socket: None,
+            socket: plan.grant.as_deref().map(|g| g.socket.as_path()),
             identity: Identity::Runner,
             role: "run",
             stdout_cap: runner::STDOUT_CAP,
@@ -117,7 +127,7 @@ pub async fn run(
 }
 
 /// The outcome of a run docker started (see the module's table).
-fn classify(finished: &Finished, key: &ReportKey, asked: &[String]) -> ProjectResult {
+pub(super) fn classify(finished: &Finished, key: &ReportKey, asked: &[String]) -> ProjectResult {
     let found = runner::scan(&finished.stdout.0, key);
     if let Some(body) = found.report {
         return from_report(body, asked, found.step_began);

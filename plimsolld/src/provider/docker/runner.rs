@@ -90,6 +90,9 @@ pub struct Plan<'a> {
     pub env: HashMap<&'a str, &'a str>,
     /// The `/proc/<runner>/…` entries a step must fail to open.
     pub proc_checks: &'a [&'a str],
+    /// A granted run's client library, preloaded into every node a step starts.
+    #[serde(rename = "hostSDK", skip_serializing_if = "Option::is_none")]
+    pub host_sdk: Option<&'a str>,
 }
 
 /// One file of the plan.

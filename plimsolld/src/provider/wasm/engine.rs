@@ -8,13 +8,14 @@
 
 use std::time::{Duration, Instant};
 
-use wasmtime::{Config, Engine, InstancePre, Linker, Store, Trap, UpdateDeadline};
+use wasmtime::{Caller, Config, Engine, Extern, InstancePre, Linker, Store, Trap, UpdateDeadline};
 use wasmtime_wasi::p1::WasiP1Ctx;
 use wasmtime_wasi::p2::pipe::MemoryInputPipe;
 use wasmtime_wasi::{I32Exit, WasiCtxBuilder};
 
 use super::WasmError;
 use super::cache::{self, Source};
+use super::host_call::{self, Relay};
 use super::limits::{EpochTicker, MemoryCap};
 use super::output::{CappedPipe, Captured, OUTPUT_CAP};
 
@@ -32,6 +33,8 @@ const ENTRY: &str = "_start";
 struct RunState {
     wasi: WasiP1Ctx,
     memory: MemoryCap,
+    /// The run's broker socket, when it has a grant.
+    relay: Option<Relay>,
 }
 
 /// What a run produced, before the provider turns it into a `SnippetOutcome`.
@@ -78,6 +81,9 @@ impl Prepared {
         let mut linker: Linker<RunState> = Linker::new(&engine);
         wasmtime_wasi::p1::add_to_linker_sync(&mut linker, |state: &mut RunState| &mut state.wasi)
             .map_err(|e| WasmError::Link(format!("{e:#}")))?;
+        linker
+            .func_wrap("coderunner", "host_call", guest_host_call)
+            .map_err(|e| WasmError::Link(format!("{e:#}")))?;
         let guest = linker
             .instantiate_pre(&compiled)
             .map_err(|e| WasmError::Link(format!("{e:#}")))?;
@@ -95,7 +101,12 @@ impl Prepared {
     ///
     /// A guest's exit, trap or timeout is a [`GuestExit`]; only a failure of the engine
     /// itself is an error.
-    pub fn run(&self, code: Vec<u8>, timeout: Duration) -> Result<GuestExit, WasmError> {
+    pub fn run(
+        &self,
+        code: Vec<u8>,
+        timeout: Duration,
+        relay: Option<Relay>,
+    ) -> Result<GuestExit, WasmError> {
         let stdout = CappedPipe::new(OUTPUT_CAP);
         let stderr = CappedPipe::new(OUTPUT_CAP);
         // No args, no environment, no preopens, no sockets: the builder grants none of
@@ -105,16 +116,19 @@ impl Prepared {
             .stdout(stdout.clone())
             .stderr(stderr.clone())
             .build_p1();
+        let started = Instant::now();
+        let deadline = started + timeout;
+        // One deadline for the guest and for its host calls.
+        let relay = relay.map(|r| Relay { deadline, ..r });
         let mut store = Store::new(
             &self.engine,
             RunState {
                 wasi,
                 memory: MemoryCap::new(self.memory_pages),
+                relay,
             },
         );
         store.limiter(|state| &mut state.memory);
-        let started = Instant::now();
-        let deadline = started + timeout;
         store.set_epoch_deadline(1);
         store.epoch_deadline_callback(move |_| {
             if Instant::now() >= deadline {
@@ -151,6 +165,48 @@ impl Prepared {
             duration,
         })
     }
+}
+
+/// `coderunner.host_call`: reads the envelope from guest memory, relays it (see
+/// [`host_call`]) and writes the body back. Never traps: every failure is a status.
+fn guest_host_call(
+    mut caller: Caller<'_, RunState>,
+    req_ptr: i32,
+    req_len: i32,
+    resp_ptr: i32,
+    resp_cap: i32,
+) -> wasmtime::Result<i64> {
+    const FAILED: i64 = (500i64) << 32;
+    if !host_call::envelope_len_ok(req_len) {
+        return Ok(host_call::pack(413, 0));
+    }
+    let Some(Extern::Memory(memory)) = caller.get_export("memory") else {
+        return Ok(FAILED);
+    };
+    let (Ok(req_ptr), Ok(req_len), Ok(resp_ptr), Ok(resp_cap)) = (
+        usize::try_from(req_ptr as u32),
+        usize::try_from(req_len),
+        usize::try_from(resp_ptr as u32),
+        usize::try_from(resp_cap as u32),
+    ) else {
+        return Ok(FAILED);
+    };
+    let mut envelope = vec![0u8; req_len];
+    if memory.read(&caller, req_ptr, &mut envelope).is_err() {
+        return Ok(FAILED);
+    }
+    let Some(answer) = host_call::answer(caller.data().relay.as_ref(), &envelope, resp_cap) else {
+        // The run's deadline came while the call waited: end the run as the epoch
+        // deadline would, so it is reported as timed out.
+        return Err(wasmtime::Error::new(Trap::Interrupt));
+    };
+    let Ok(length) = u32::try_from(answer.body.len()) else {
+        return Ok(FAILED);
+    };
+    if answer.body.len() > resp_cap || memory.write(&mut caller, resp_ptr, &answer.body).is_err() {
+        return Ok(FAILED);
+    }
+    Ok(host_call::pack(answer.status, length))
 }
 
 /// The exit code (and whether it is the deadline) an engine error stands for, or `None`

@@ -19,11 +19,17 @@
 //! - no files, environment, arguments, sockets or clocks beyond WASI's defaults; a trap
 //!   (a stack overflow, an abort) ends as exit 134.
 //!
-//! Projects, modules, sessions and grants are not supported: the service refuses them
-//! before dispatch.
+//! A granted snippet (grants.md §3, wasm row) gets the host client library as a prelude
+//! (sent before the code, after one NUL byte, which a snippet never holds) and a
+//! `coderunner.host_call` that relays to the run's broker socket ([`host_call`]); any
+//! other run's `host_call` answers an error status and contacts nothing.
+//!
+//! Projects, modules and sessions are not supported: the service refuses them before
+//! dispatch.
 
 pub mod cache;
 pub mod engine;
+pub mod host_call;
 pub mod limits;
 pub mod output;
 
@@ -178,6 +184,7 @@ impl Provider for Wasm {
                 code: PROOF_CODE.to_owned(),
                 timeout: PROOF_TIMEOUT,
                 hold: Hold::default(),
+                grant: None,
             })
             .await?;
         if out.exit_code != 0 || out.timed_out || out.stdout != PROOF_STDOUT {
@@ -210,6 +217,8 @@ impl Provider for Wasm {
     fn describe(&self) -> Description {
         Description {
             sandbox: ID,
+            // `host_call` relays to the run's broker socket; snippets only (grants.md §3).
+            supports_javascript_grants: true,
             javascript: Environment {
                 identity: self.identity.clone(),
                 max_timeout_ms: MAX_TIMEOUT_MS,
@@ -227,8 +236,23 @@ impl Provider for Wasm {
 
     async fn run_snippet(&self, run: SnippetRun) -> Result<SnippetOutcome, ProviderError> {
         let prepared = self.prepared.get().ok_or(WasmError::NotPrepared)?.clone();
-        let code = run.code.into_bytes();
-        let exit = tokio::task::spawn_blocking(move || prepared.run(code, run.timeout))
+        let (code, relay) = match &run.grant {
+            Some(grant) => {
+                let mut input = crate::grant::host_client::quickjs(grant).into_bytes();
+                input.push(0);
+                input.extend_from_slice(run.code.as_bytes());
+                let relay = host_call::Relay {
+                    socket: grant.socket.clone(),
+                    // The engine sets its own deadline here when the run starts.
+                    deadline: std::time::Instant::now() + run.timeout,
+                    runtime: tokio::runtime::Handle::current(),
+                };
+                (input, Some(relay))
+            }
+            None => (run.code.into_bytes(), None),
+        };
+        let timeout = run.timeout;
+        let exit = tokio::task::spawn_blocking(move || prepared.run(code, timeout, relay))
             .await
             .map_err(|e| WasmError::RunThread(e.to_string()))??;
         if exit.memory_cap_hit {

@@ -38,6 +38,7 @@ async fn run(provider: &Wasm, code: &str, timeout: Duration) -> SnippetOutcome {
             code: code.to_owned(),
             timeout,
             hold: Hold::default(),
+            grant: None,
         })
         .await
         .expect("a guest's own failure is a result, not an error")
@@ -53,7 +54,8 @@ async fn describe_states_the_embedded_guest_and_nothing_it_cannot_do() {
     assert_eq!(d.javascript.max_timeout_ms, 30_000);
     assert_eq!(d.javascript.software_identity, "");
     assert!(!d.supports_project && !d.supports_module && !d.supports_sessions);
-    assert!(!d.supports_javascript_grants && !d.supports_project_grants);
+    // Snippets reach a grant through `host_call`; projects do not run here at all.
+    assert!(d.supports_javascript_grants && !d.supports_project_grants);
     assert_eq!(d.project, Environment::default());
     assert_eq!(provider.default_timeout_ms(), 5_000);
 }
@@ -68,6 +70,7 @@ async fn tier_is_process_only_once_prepared() {
             code: "1".into(),
             timeout: Duration::from_secs(1),
             hold: Hold::default(),
+            grant: None,
         })
         .await
         .expect_err("nothing runs before preflight");
@@ -243,4 +246,167 @@ async fn a_long_run_does_not_hold_up_a_short_one() {
     );
     assert!(!long.is_finished(), "the long run is still running");
     assert!(long.await.expect("long run").timed_out);
+}
+
+// === host_call ===
+
+/// A stand-in for the run's broker socket: answers by path and records each request head
+/// and body. (The broker itself is tested in its crate and end to end in `tests/`; this
+/// checks only the ABI's relay.)
+struct SocketServer {
+    dir: tempfile::TempDir,
+    seen: std::sync::Arc<std::sync::Mutex<Vec<String>>>,
+}
+
+impl SocketServer {
+    fn start() -> SocketServer {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let dir = tempfile::tempdir().unwrap();
+        let listener = tokio::net::UnixListener::bind(dir.path().join("host-api.sock")).unwrap();
+        let seen = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let log = seen.clone();
+        tokio::spawn(async move {
+            while let Ok((mut stream, _)) = listener.accept().await {
+                let log = log.clone();
+                tokio::spawn(async move {
+                    let mut buf = Vec::new();
+                    let mut chunk = [0u8; 4096];
+                    while !buf.windows(4).any(|w| w == b"\r\n\r\n") {
+                        let n = stream.read(&mut chunk).await.unwrap_or(0);
+                        if n == 0 {
+                            return;
+                        }
+                        buf.extend_from_slice(&chunk[..n]);
+                    }
+                    let text = String::from_utf8_lossy(&buf).into_owned();
+                    let target = text.split(' ').nth(1).unwrap_or_default().to_owned();
+                    log.lock().unwrap().push(text);
+                    let body: Vec<u8> = match target.as_str() {
+                        "/big" => vec![b'x'; 5 * 1024 * 1024],
+                        "/slow" => {
+                            tokio::time::sleep(Duration::from_secs(20)).await;
+                            b"late".to_vec()
+                        }
+                        _ => br#"{"ok":1}"#.to_vec(),
+                    };
+                    let head = format!(
+                        "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n",
+                        body.len()
+                    );
+                    let _ = stream.write_all(head.as_bytes()).await;
+                    let _ = stream.write_all(&body).await;
+                });
+            }
+        });
+        SocketServer { dir, seen }
+    }
+
+    fn grant(&self) -> std::sync::Arc<crate::grant::GuestGrant> {
+        std::sync::Arc::new(crate::grant::GuestGrant {
+            socket: self.dir.path().join("host-api.sock"),
+            global: "api".into(),
+            allow: vec![
+                crate::grant::Route {
+                    m: "GET".into(),
+                    p: "/items/*".into(),
+                },
+                crate::grant::Route {
+                    m: "GET".into(),
+                    p: "/big".into(),
+                },
+                crate::grant::Route {
+                    m: "GET".into(),
+                    p: "/slow".into(),
+                },
+                crate::grant::Route {
+                    m: "POST".into(),
+                    p: "/items".into(),
+                },
+            ],
+            preamble: "globalThis.preambleRan = true;".into(),
+        })
+    }
+}
+
+async fn run_granted(
+    provider: &Wasm,
+    code: &str,
+    timeout: Duration,
+    grant: Option<std::sync::Arc<crate::grant::GuestGrant>>,
+) -> SnippetOutcome {
+    provider
+        .run_snippet(SnippetRun {
+            code: code.to_owned(),
+            timeout,
+            hold: Hold::default(),
+            grant,
+        })
+        .await
+        .expect("a guest's own failure is a result, not an error")
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn without_a_grant_host_call_answers_an_error_and_no_client_exists() {
+    let provider = ready_provider(&[]).await;
+    let out = run(
+        &provider,
+        "const r = __coderunner_host_call(JSON.stringify({method: 'GET', path: '/x'}));\n\
+         console.log(r.status, typeof host);",
+        Duration::from_secs(5),
+    )
+    .await;
+    assert_eq!(out.stdout, b"403 undefined\n", "{out:?}");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_granted_guest_reaches_only_the_socket_through_its_client() {
+    let provider = ready_provider(&[]).await;
+    let server = SocketServer::start();
+    let code = "console.log(preambleRan, JSON.stringify(await api.get('/items/7')));\n\
+                console.log(JSON.stringify(await api.post('/items', {a: [1]})));\n\
+                try { await api.get('/other'); } catch (e) { console.log(e.message); }\n\
+                try { await api.get('/big'); } catch (e) { console.log(e.message); }";
+    let out = run_granted(
+        &provider,
+        code,
+        Duration::from_secs(10),
+        Some(server.grant()),
+    )
+    .await;
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout),
+        "true {\"ok\":1}\n{\"ok\":1}\n\
+         host api call not permitted by sandbox capability: GET /other\n\
+         host api 500: \n",
+        "stderr: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let seen = server.seen.lock().unwrap().clone();
+    assert_eq!(
+        seen.len(),
+        3,
+        "the refused route never left the guest: {seen:?}"
+    );
+    assert!(seen[0].starts_with("GET /items/7 HTTP/1.1\r\n"), "{seen:?}");
+    assert!(seen[1].starts_with("POST /items HTTP/1.1\r\n"), "{seen:?}");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_slow_call_does_not_keep_the_run_past_its_deadline() {
+    let provider = ready_provider(&[]).await;
+    let server = SocketServer::start();
+    let started = Instant::now();
+    let out = run_granted(
+        &provider,
+        "await api.get('/slow');",
+        Duration::from_millis(1500),
+        Some(server.grant()),
+    )
+    .await;
+    assert!(out.timed_out, "{out:?}");
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "ended after {:?}",
+        started.elapsed()
+    );
 }

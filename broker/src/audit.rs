@@ -1,0 +1,44 @@
+//! One structured audit line per run, when it closes (`spec/grants.md` §2.4): who, which
+//! profile, how many calls and of which routes. Never a body, a path or a credential.
+
+use crate::control::protocol::RunSummary;
+use crate::run::Run;
+
+/// Why a run closed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CloseReason {
+    /// plimsolld closed it.
+    Closed,
+    /// Its deadline plus the grace passed first.
+    Deadline,
+    /// The broker shut down.
+    Shutdown,
+}
+
+impl CloseReason {
+    fn as_str(self) -> &'static str {
+        match self {
+            CloseReason::Closed => "closed",
+            CloseReason::Deadline => "deadline",
+            CloseReason::Shutdown => "shutdown",
+        }
+    }
+}
+
+/// Logs the run's audit line.
+pub fn run_closed(run: &Run, summary: &RunSummary, reason: CloseReason) {
+    let nonzero = |n: u64| (n != 0).then_some(n);
+    let routes = serde_json::to_string(&summary.routes).unwrap_or_default();
+    tracing::info!(
+        caller = run.principal.as_str(),
+        grant_profile = run.profile.name.as_str(),
+        run = run.id.as_str(),
+        host_calls = summary.calls,
+        host_calls_denied = nonzero(summary.denied),
+        host_calls_dropped = nonzero(summary.dropped),
+        host_calls_shed = nonzero(summary.shed),
+        routes = routes.as_str(),
+        end = reason.as_str(),
+        "grant run closed"
+    );
+}

@@ -1,0 +1,194 @@
+//! The control protocol's messages.
+//!
+//! One JSON object per line in each direction; every request line gets exactly one response
+//! line, and a connection may carry many requests. Unknown fields are refused both ways, so a
+//! daemon and a broker of different versions fail loudly instead of misreading each other.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+
+use serde::{Deserialize, Serialize};
+
+/// The protocol version [`Hello`] reports.
+pub const VERSION: u32 = 1;
+
+/// Longest request or response line either side accepts, newline excluded.
+pub const MAX_LINE_BYTES: usize = 1024 * 1024;
+
+/// A request from plimsolld.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "op", rename_all = "snake_case", deny_unknown_fields)]
+pub enum Request {
+    /// Liveness and registry generation; plimsolld's readiness probe uses it.
+    Hello,
+    /// Opens one run's grant: mints the credential and creates the run's socket.
+    Open(OpenRun),
+    /// Ends a run's grant at once: in-flight calls are cut and the socket is removed.
+    Close {
+        /// The run id given to [`Request::Open`].
+        run: String,
+    },
+}
+
+/// What plimsolld asks for when a run with a `grant_profile` starts.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct OpenRun {
+    /// Run id chosen by plimsolld: 32 lowercase hex characters, unique among open runs.
+    pub run: String,
+    /// The authenticated caller id (`""` in open dev mode, which is always refused).
+    pub principal: String,
+    /// The request's `grant_profile`.
+    pub profile: String,
+    /// The run's deadline in Unix milliseconds. The broker revokes the grant 5 s after it
+    /// even if no `Close` ever arrives.
+    pub deadline_unix_ms: u64,
+    /// A session call: the profile must have `allow_in_sessions`.
+    pub session: bool,
+}
+
+/// A response from the broker.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "status", rename_all = "snake_case", deny_unknown_fields)]
+pub enum Response {
+    /// Answer to [`Request::Hello`].
+    Hello(Hello),
+    /// Answer to a successful [`Request::Open`].
+    Opened(RunGrant),
+    /// Answer to a successful [`Request::Close`].
+    Closed(RunSummary),
+    /// Any request the broker would not carry out.
+    Refused(Refusal),
+}
+
+/// The broker's greeting.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Hello {
+    /// [`VERSION`].
+    pub version: u32,
+    /// How many registries have been loaded since start (1 after the first load).
+    pub generation: u64,
+    /// Profiles in the current registry.
+    pub profiles: u32,
+}
+
+/// What a run gets when its grant opens.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RunGrant {
+    /// Absolute path of the run's `host-api.sock`.
+    pub socket: PathBuf,
+    /// The JS global's name (`host` when the profile says `""`).
+    pub global: String,
+    /// The profile's allow list, for the advisory in-guest check (`spec/grants.md` §4).
+    pub allow: Vec<AllowedRoute>,
+    /// The profile's preamble (or the content of its `preamble_file`); may be empty.
+    pub preamble: String,
+}
+
+/// One allow-list entry as the guest client carries it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AllowedRoute {
+    /// Upper-case method.
+    pub m: String,
+    /// Path template (`*` fills a segment).
+    pub p: String,
+}
+
+/// Counts for a closed run: what its audit line says.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RunSummary {
+    /// Every call attempt, denied ones included.
+    pub calls: u64,
+    /// Calls refused by the broker (ended, capacity, budget, route, cap, size).
+    pub denied: u64,
+    /// Calls shed while the circuit breaker was open.
+    pub shed: u64,
+    /// Calls not kept in the trace because it was full (256 rows).
+    pub dropped: u64,
+    /// `"METHOD /template"` → calls that matched that route.
+    pub routes: BTreeMap<String, u64>,
+}
+
+/// A request the broker would not carry out.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Refusal {
+    /// How plimsolld should mark the run's refusal.
+    pub reason: RefusalReason,
+    /// A message safe to show the caller (never a secret).
+    pub message: String,
+}
+
+/// The `NotDispatched` reason a refusal maps to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RefusalReason {
+    /// Unknown or forbidden profile, session not allowed, credential not minted.
+    Permission,
+    /// The run's deadline has already passed, or the broker is full.
+    Capacity,
+    /// A malformed request: bad or duplicate run id, unknown run.
+    Request,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn requests_are_tagged_by_op() {
+        let open = Request::Open(OpenRun {
+            run: "ab".repeat(16),
+            principal: "alice".into(),
+            profile: "inv".into(),
+            deadline_unix_ms: 5,
+            session: false,
+        });
+        let line = serde_json::to_string(&open).unwrap();
+        assert!(line.starts_with(r#"{"op":"open","run":"#), "{line}");
+        assert_eq!(serde_json::from_str::<Request>(&line).unwrap(), open);
+        assert_eq!(
+            serde_json::from_str::<Request>(r#"{"op":"hello"}"#).unwrap(),
+            Request::Hello
+        );
+        assert_eq!(
+            serde_json::from_str::<Request>(r#"{"op":"close","run":"x"}"#).unwrap(),
+            Request::Close { run: "x".into() }
+        );
+    }
+
+    #[test]
+    fn unknown_fields_are_refused() {
+        // (A unit variant of an internally tagged enum ignores extra keys; `hello` carries
+        // nothing, so nothing can be misread.)
+        assert!(serde_json::from_str::<Request>(r#"{"op":"close","run":"x","y":2}"#).is_err());
+        assert!(serde_json::from_str::<Request>(r#"{"op":"nope"}"#).is_err());
+    }
+
+    #[test]
+    fn responses_are_tagged_by_status() {
+        let refused = Response::Refused(Refusal {
+            reason: RefusalReason::Permission,
+            message: "no".into(),
+        });
+        let line = serde_json::to_string(&refused).unwrap();
+        assert_eq!(
+            line,
+            r#"{"status":"refused","reason":"permission","message":"no"}"#
+        );
+        let hello = serde_json::to_string(&Response::Hello(Hello {
+            version: 1,
+            generation: 2,
+            profiles: 3,
+        }))
+        .unwrap();
+        assert_eq!(
+            hello,
+            r#"{"status":"hello","version":1,"generation":2,"profiles":3}"#
+        );
+    }
+}

@@ -1,0 +1,228 @@
+//! The table of open runs: opening a run's grant (checks in the order of the control
+//! protocol's semantics), closing it, and revoking it at its deadline when nobody does.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use crate::audit::{self, CloseReason};
+use crate::control::protocol::{
+    AllowedRoute, Hello, OpenRun, Refusal, RefusalReason, Response, RunGrant, VERSION,
+};
+use crate::credential;
+use crate::registry::SharedRegistry;
+use crate::run::Run;
+use crate::run_socket::RunSocket;
+use crate::upstream::Upstream;
+
+/// A run is revoked this long after its deadline even if never closed.
+pub const DEADLINE_GRACE: Duration = Duration::from_secs(5);
+/// Runs open at once.
+pub const MAX_RUNS: usize = 4096;
+
+struct Entry {
+    run: Arc<Run>,
+    socket: RunSocket,
+}
+
+/// Every open run, plus what opening a new one needs.
+pub struct Runs {
+    registry: Arc<SharedRegistry>,
+    upstream: Upstream,
+    open: Mutex<HashMap<String, Entry>>,
+}
+
+fn refused(reason: RefusalReason, message: impl Into<String>) -> Response {
+    Response::Refused(Refusal {
+        reason,
+        message: message.into(),
+    })
+}
+
+/// Run ids are 32 lowercase hex characters.
+fn is_run_id(id: &str) -> bool {
+    id.len() == 32
+        && id
+            .bytes()
+            .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+}
+
+// === impl Runs ===
+
+impl Runs {
+    /// An empty table.
+    pub fn new(registry: Arc<SharedRegistry>, upstream: Upstream) -> Arc<Self> {
+        Arc::new(Self {
+            registry,
+            upstream,
+            open: Mutex::new(HashMap::new()),
+        })
+    }
+
+    fn table(&self) -> MutexGuard<'_, HashMap<String, Entry>> {
+        // Inserts and removes are single operations: a poisoned table is still consistent.
+        self.open.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Answers `hello`.
+    pub fn hello(&self) -> Response {
+        let registry = self.registry.current();
+        Response::Hello(Hello {
+            version: VERSION,
+            generation: registry.generation(),
+            profiles: u32::try_from(registry.len()).unwrap_or(u32::MAX),
+        })
+    }
+
+    /// Opens a run's grant.
+    pub fn open(self: &Arc<Self>, request: OpenRun) -> Response {
+        if !is_run_id(&request.run) {
+            return refused(
+                RefusalReason::Request,
+                "run id must be 32 lowercase hex characters",
+            );
+        }
+        if self.table().contains_key(&request.run) {
+            return refused(RefusalReason::Request, "duplicate run id");
+        }
+        let registry = self.registry.current();
+        let unavailable = format!(
+            "grant_profile \"{}\" is not available to this caller",
+            request.profile
+        );
+        // Unknown profile, foreign caller and anonymous caller: one answer, so profile
+        // names cannot be enumerated.
+        let Some(profile) = registry.get(&request.profile).cloned() else {
+            return refused(RefusalReason::Permission, unavailable);
+        };
+        if !profile.admits(&request.principal) {
+            return refused(RefusalReason::Permission, unavailable);
+        }
+        if request.session && !profile.allow_in_sessions {
+            return refused(
+                RefusalReason::Permission,
+                format!(
+                    "grant_profile \"{}\" is not allowed in sessions",
+                    request.profile
+                ),
+            );
+        }
+        let now = SystemTime::now();
+        let now_ms = now
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX));
+        if request.deadline_unix_ms <= now_ms {
+            return refused(
+                RefusalReason::Capacity,
+                "the run's deadline has already passed",
+            );
+        }
+        let budget = Duration::from_millis(request.deadline_unix_ms - now_ms);
+        let credential = match credential::mint(
+            &profile.token,
+            &request.principal,
+            &profile.scopes,
+            budget,
+            now,
+        ) {
+            Ok(credential) => credential,
+            Err(error) => {
+                return refused(
+                    RefusalReason::Permission,
+                    format!(
+                        "grant_profile \"{}\": the credential could not be issued: {error}",
+                        request.profile
+                    ),
+                );
+            }
+        };
+        let (socket, listener) = match RunSocket::bind() {
+            Ok(bound) => bound,
+            Err(error) => {
+                tracing::error!(%error, "run socket not created");
+                return refused(
+                    RefusalReason::Capacity,
+                    "host api socket could not be created",
+                );
+            }
+        };
+        let deadline = tokio::time::Instant::now() + budget;
+        let run = Arc::new(Run::new(
+            request.run.clone(),
+            request.principal.clone(),
+            profile.clone(),
+            credential,
+            deadline,
+            self.upstream.clone(),
+        ));
+        let grant = RunGrant {
+            socket: socket.path().to_owned(),
+            global: profile.global.clone(),
+            allow: profile
+                .allow
+                .iter()
+                .map(|r| AllowedRoute {
+                    m: r.method().to_owned(),
+                    p: r.path().to_owned(),
+                })
+                .collect(),
+            preamble: profile.preamble.clone(),
+        };
+        {
+            let mut table = self.table();
+            if table.len() >= MAX_RUNS {
+                return refused(RefusalReason::Capacity, "the broker has too many open runs");
+            }
+            if table.contains_key(&request.run) {
+                return refused(RefusalReason::Request, "duplicate run id");
+            }
+            table.insert(
+                request.run.clone(),
+                Entry {
+                    run: run.clone(),
+                    socket,
+                },
+            );
+        }
+        tokio::spawn(RunSocket::serve(listener, run.clone()));
+        // Fail closed: a run plimsolld forgets (or a plimsolld that dies) still ends.
+        let runs = Arc::downgrade(self);
+        let id = request.run.clone();
+        tokio::spawn(async move {
+            tokio::select! {
+                () = tokio::time::sleep_until(deadline + DEADLINE_GRACE) => {
+                    if let Some(runs) = runs.upgrade() {
+                        let _ = runs.close(&id, CloseReason::Deadline).await;
+                    }
+                }
+                () = run.wait_ended() => {}
+            }
+        });
+        tracing::info!(
+            run = request.run.as_str(),
+            caller = request.principal.as_str(),
+            grant_profile = profile.name.as_str(),
+            generation = registry.generation(),
+            "grant run opened"
+        );
+        Response::Opened(grant)
+    }
+
+    /// Closes a run: the socket goes at once, then calls in flight are cut.
+    pub async fn close(&self, id: &str, reason: CloseReason) -> Response {
+        let Some(mut entry) = self.table().remove(id) else {
+            return refused(RefusalReason::Request, "unknown run");
+        };
+        entry.socket.remove();
+        let summary = entry.run.end().await;
+        audit::run_closed(&entry.run, &summary, reason);
+        Response::Closed(summary)
+    }
+
+    /// Closes every run (shutdown).
+    pub async fn close_all(&self) {
+        let ids: Vec<String> = self.table().keys().cloned().collect();
+        let closes = ids.iter().map(|id| self.close(id, CloseReason::Shutdown));
+        futures::future::join_all(closes).await;
+    }
+}

@@ -1,0 +1,182 @@
+//! The call boundary of a session (providers.md §9.1 baseline, §9.4 sweep, §9.5 disk budget).
+//!
+//! At open, the lister proves the container holds exactly docker-init and its `sleep`, and
+//! their identities (`pid:starttime:cmdlinehex`) become the keep set. After each call, the
+//! sweep, non-dumpable under the runner guard, kills everything else and measures the disk;
+//! only its exit code is trusted, and anything but a clean exit ends the session.
+
+use std::time::Duration;
+
+use plimsoll::wire::SessionEnd;
+use serde::Deserialize;
+use tokio::time::Instant;
+
+use super::super::engine::Engine;
+use super::super::exec::{self, ExecSpec};
+use super::super::project::GUARD;
+use super::container::{SLEEP_ARGV, end_for};
+use crate::provider::SessionFault;
+
+/// The lister, run with `node -e`.
+const LISTER: &str = include_str!("lister.js");
+/// The sweep, run with `node -e` under the guard.
+const SWEEP: &str = include_str!("sweep.js");
+/// The sweep's and the lister's budget.
+const BUDGET: Duration = Duration::from_secs(20);
+/// What the sweep may print (nothing of it is trusted).
+const SWEEP_OUTPUT_CAP: usize = 4096;
+/// What the lister may print.
+const LISTER_OUTPUT_CAP: usize = 64 * 1024;
+/// The sweep's bound on entries walked.
+const MAX_ENTRIES: &str = "200000";
+/// The mounts the disk budget covers.
+const MOUNTS: &str = "/tmp,/work,/dev/shm";
+
+/// One process as the lister saw it.
+#[derive(Debug, Deserialize)]
+struct Listed {
+    pid: u64,
+    ppid: u64,
+    id: String,
+}
+
+/// The baseline: exactly PID 1 and one child of PID 1 whose command line is `sleep
+/// 2147483647`; answers their identities.
+pub async fn baseline(engine: &Engine, container: &str, user: &str) -> Result<Vec<String>, String> {
+    let command = ["node".to_owned(), "-e".to_owned(), LISTER.to_owned()];
+    let argv = exec::env_argv(&[], &command);
+    let out = exec::run(
+        engine,
+        container,
+        &ExecSpec {
+            argv: &argv,
+            user,
+            workdir: None,
+            stdin: &[],
+            stdout_cap: LISTER_OUTPUT_CAP,
+            stderr_cap: SWEEP_OUTPUT_CAP,
+            deadline: Instant::now() + BUDGET,
+        },
+    )
+    .await
+    .map_err(|e| e.to_string())?;
+    if out.exit_code != Some(0) || out.stdout_truncated {
+        return Err(format!(
+            "the process lister ended with {:?} (timed out: {})",
+            out.exit_code, out.timed_out
+        ));
+    }
+    let listed: Vec<Listed> = serde_json::from_slice(&out.stdout)
+        .map_err(|e| format!("the process lister's answer does not parse: {e}"))?;
+    check_baseline(&listed)
+}
+
+fn check_baseline(listed: &[Listed]) -> Result<Vec<String>, String> {
+    let sleep_hex = hex::encode(SLEEP_ARGV.join("\0"));
+    let init = listed.iter().find(|p| p.pid == 1);
+    let sleep = listed
+        .iter()
+        .find(|p| p.ppid == 1 && p.id.rsplit(':').next() == Some(sleep_hex.as_str()));
+    match (listed.len(), init, sleep) {
+        (2, Some(init), Some(sleep)) => Ok(vec![init.id.clone(), sleep.id.clone()]),
+        _ => Err(format!(
+            "the session container holds {} processes, not exactly docker-init and sleep",
+            listed.len()
+        )),
+    }
+}
+
+/// The sweep after a call; `Ok` only on a clean exit.
+pub async fn sweep(
+    engine: &Engine,
+    container: &str,
+    user: &str,
+    disk_mb: u32,
+    keep: &[String],
+) -> Result<(), SessionFault> {
+    let disk_bytes = u64::from(disk_mb) * 1024 * 1024;
+    let mut command = vec![
+        "/bin/sh".to_owned(),
+        "-c".to_owned(),
+        format!("export LD_PRELOAD={GUARD}; exec \"$@\""),
+        "sh".to_owned(),
+        "node".to_owned(),
+        "-e".to_owned(),
+        SWEEP.to_owned(),
+        disk_bytes.to_string(),
+        MAX_ENTRIES.to_owned(),
+        "statfs".to_owned(),
+        MOUNTS.to_owned(),
+    ];
+    command.extend(keep.iter().cloned());
+    let argv = exec::env_argv(&[], &command);
+    let ran = exec::run(
+        engine,
+        container,
+        &ExecSpec {
+            argv: &argv,
+            user,
+            workdir: None,
+            stdin: &[],
+            stdout_cap: SWEEP_OUTPUT_CAP,
+            stderr_cap: SWEEP_OUTPUT_CAP,
+            deadline: Instant::now() + BUDGET,
+        },
+    )
+    .await;
+    let exit = match &ran {
+        Ok(out) => out.exit_code,
+        Err(e) => {
+            tracing::warn!(error = %e, "session sweep could not run");
+            None
+        }
+    };
+    match exit {
+        Some(0) => Ok(()),
+        Some(10) | Some(11) => Err(SessionFault::ended(
+            SessionEnd::SESSION_END_DISK_EXCEEDED,
+            "the session's files went over its disk budget",
+        )),
+        other => {
+            tracing::warn!(exit = ?other, "session sweep did not prove the call boundary");
+            let reason = end_for(engine, container, SessionEnd::SESSION_END_BOUNDARY_FAILED).await;
+            Err(SessionFault::ended(
+                reason,
+                "the between-calls cleanup could not be proven",
+            ))
+        }
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used)]
+mod tests {
+    use super::*;
+
+    fn listed(pid: u64, ppid: u64, cmd: &str) -> Listed {
+        Listed {
+            pid,
+            ppid,
+            id: format!("{pid}:100:{}", hex::encode(cmd)),
+        }
+    }
+
+    #[test]
+    fn the_baseline_is_exactly_init_and_sleep() {
+        let ok = [
+            listed(1, 0, "/sbin/docker-init\0--\0/usr/bin/env"),
+            listed(7, 1, "sleep\x002147483647"),
+        ];
+        let ids = check_baseline(&ok).unwrap();
+        assert_eq!(ids.len(), 2);
+        assert!(ids[0].starts_with("1:100:"));
+        let extra = [
+            listed(1, 0, "init"),
+            listed(7, 1, "sleep\x002147483647"),
+            listed(9, 0, "node"),
+        ];
+        assert!(check_baseline(&extra).is_err());
+        let wrong = [listed(1, 0, "init"), listed(7, 1, "sleep\x001")];
+        assert!(check_baseline(&wrong).is_err());
+    }
+}

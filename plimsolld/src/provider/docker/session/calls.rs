@@ -1,0 +1,201 @@
+//! Snippet and project calls in a session container (providers.md §9.3), each a `docker
+//! exec` as the guest uid in `/work`, started through the start script so its marker tells a
+//! guest's exit from docker's failure.
+
+use std::time::Duration;
+
+use plimsoll::wire::SessionEnd;
+use tokio::time::Instant;
+
+use super::super::container::{EXIT_TIMED_OUT, Finished, random_hex};
+use super::super::exec::{self, ExecOutcome, ExecSpec};
+use super::super::lockdown::START_SCRIPT;
+use super::super::project::{self, GUARD, REPORT_GRACE, RUNNER};
+use super::super::runner::{self, Plan, PlanFile, ReportKey};
+use super::super::settings::OUTPUT_CAP;
+use super::DockerSession;
+use super::container::end_for;
+use crate::provider::{ProjectPlan, ProjectReport, SessionFault, SnippetOutcome};
+
+/// The runner's `/proc` entries a step must fail to open in a session. The runner is
+/// exec'd as the guest uid there (a running container cannot gain the runner's identity),
+/// so only non-dumpability protects it: gVisor keeps `mem` from a non-dumpable process but
+/// not its `fd/*` or `environ`, and the key lives only in memory.
+const PROC_CHECKS_RUNC: &[&str] = &["fd/0", "fd/1", "mem", "environ"];
+const PROC_CHECKS_RUNSC: &[&str] = &["mem"];
+
+/// A command through the start script, with its marker, as an `env -i` argv.
+fn started(marker: &str, env: &[String], command: &[&str]) -> Vec<String> {
+    let mut inner = vec![
+        "/bin/sh".to_owned(),
+        "-c".to_owned(),
+        START_SCRIPT.to_owned(),
+        "sh".to_owned(),
+        marker.to_owned(),
+    ];
+    inner.extend(env.iter().cloned());
+    inner.extend(command.iter().map(|s| (*s).to_owned()));
+    exec::env_argv(&[], &inner)
+}
+
+/// What a session exec produced once docker started its command.
+struct Ran {
+    out: ExecOutcome,
+    stderr: Vec<u8>,
+    exit_code: i32,
+    duration: Duration,
+}
+
+impl DockerSession {
+    /// Runs `argv` through the start script with `stdin`; a missing marker or a failed exec
+    /// is the session's end when the container stopped, else an infrastructure error.
+    async fn exec_started(
+        &self,
+        marker: &str,
+        argv: &[String],
+        stdin: &[u8],
+        stdout_cap: usize,
+        budget: Duration,
+    ) -> Result<Ran, SessionFault> {
+        let user = self.settings.user();
+        let began = Instant::now();
+        let marker_line = format!("{marker}\n");
+        let ran = exec::run(
+            &self.engine,
+            &self.id,
+            &ExecSpec {
+                argv,
+                user: &user,
+                workdir: Some("/work"),
+                stdin,
+                stdout_cap,
+                stderr_cap: OUTPUT_CAP + marker_line.len(),
+                deadline: began + budget,
+            },
+        )
+        .await;
+        let duration = began.elapsed();
+        let out = match ran {
+            Ok(out) if out.stderr.starts_with(marker_line.as_bytes()) => out,
+            Ok(_) => return Err(self.lost("docker did not start the session command").await),
+            Err(e) => return Err(self.lost(&format!("session exec failed: {e}")).await),
+        };
+        let exit_code = match (out.timed_out, out.exit_code) {
+            (true, _) => EXIT_TIMED_OUT,
+            (false, Some(code)) => i32::try_from(code).unwrap_or(i32::MAX),
+            (false, None) => {
+                return Err(SessionFault::Infrastructure(
+                    "docker recorded no exit code for a session command".to_owned(),
+                ));
+            }
+        };
+        if exit_code != 0 && !out.timed_out {
+            // A non-zero exit while the container stopped is the session's end, not a result.
+            let reason = end_for(&self.engine, &self.id, SessionEnd::SESSION_END_UNSPECIFIED).await;
+            if reason != SessionEnd::SESSION_END_UNSPECIFIED {
+                return Err(SessionFault::ended(
+                    reason,
+                    "the session's sandbox stopped during the call",
+                ));
+            }
+        }
+        let stderr = out.stderr[marker_line.len()..].to_vec();
+        Ok(Ran {
+            out,
+            stderr,
+            exit_code,
+            duration,
+        })
+    }
+
+    /// A call that failed outside the guest: the session's end when the container is gone,
+    /// stopped or paused, else an infrastructure error (the detail goes to the log only).
+    async fn lost(&self, detail: &str) -> SessionFault {
+        match end_for(&self.engine, &self.id, SessionEnd::SESSION_END_UNSPECIFIED).await {
+            SessionEnd::SESSION_END_UNSPECIFIED => SessionFault::Infrastructure(detail.to_owned()),
+            reason => SessionFault::ended(reason, "the session's sandbox stopped during the call"),
+        }
+    }
+
+    /// A snippet: `node -` with the code on stdin.
+    pub(super) async fn run_snippet(
+        &self,
+        code: String,
+        timeout: Duration,
+    ) -> Result<SnippetOutcome, SessionFault> {
+        let marker = format!("plimsoll-started:{}", random_hex());
+        let argv = started(&marker, &self.image.env, &["node", "-"]);
+        let ran = self
+            .exec_started(&marker, &argv, code.as_bytes(), OUTPUT_CAP, timeout)
+            .await?;
+        Ok(SnippetOutcome {
+            stdout: ran.out.stdout,
+            stderr: ran.stderr,
+            exit_code: ran.exit_code,
+            timed_out: ran.out.timed_out,
+            stdout_truncated: ran.out.stdout_truncated,
+            stderr_truncated: ran.out.stderr_truncated,
+            duration: ran.duration,
+            environment: self.image.id.clone(),
+            software_identity: String::new(),
+            instance: self.instance(),
+        })
+    }
+
+    /// A project: the runner with the key and plan on stdin, its report read as a one-shot
+    /// run's is (`project::classify`).
+    pub(super) async fn run_project(
+        &self,
+        plan: ProjectPlan,
+    ) -> Result<ProjectReport, SessionFault> {
+        let budget = plan.timeout.min(project::MAX_TIMEOUT);
+        let key = ReportKey::fresh();
+        let proc_checks = if self.settings.runtime.is_runsc() {
+            PROC_CHECKS_RUNSC
+        } else {
+            PROC_CHECKS_RUNC
+        };
+        let runner_plan = Plan {
+            files: plan.files.iter().map(PlanFile::of).collect(),
+            steps: &plan.steps,
+            artifacts: &plan.artifacts,
+            timeout_ms: u64::try_from(budget.as_millis()).unwrap_or(u64::MAX),
+            env: self
+                .image
+                .env
+                .iter()
+                .filter_map(|entry| entry.split_once('='))
+                .collect(),
+            proc_checks,
+            host_sdk: None,
+        };
+        let stdin = runner::stdin(&key, &runner_plan)
+            .map_err(|e| SessionFault::Infrastructure(format!("project plan: {e}")))?;
+        let marker = format!("plimsoll-started:{}", random_hex());
+        let guard = format!("LD_PRELOAD={GUARD}");
+        let argv = started(&marker, &[guard], &["node", RUNNER]);
+        let ran = self
+            .exec_started(
+                &marker,
+                &argv,
+                &stdin,
+                runner::STDOUT_CAP,
+                budget + REPORT_GRACE,
+            )
+            .await?;
+        let finished = Finished {
+            stdout: (ran.out.stdout, ran.out.stdout_truncated),
+            stderr: (ran.stderr, ran.out.stderr_truncated),
+            exit_code: ran.exit_code,
+            timed_out: ran.out.timed_out,
+            container_id: self.id.clone(),
+            duration: ran.duration,
+        };
+        Ok(ProjectReport {
+            result: project::classify(&finished, &key, &plan.artifacts),
+            environment: self.image.id.clone(),
+            software_identity: String::new(),
+            instance: self.instance(),
+        })
+    }
+}

@@ -1,0 +1,142 @@
+//! What a provider that keeps sessions hands the daemon: one live sandbox reused by many calls
+//! (wire.md §7, providers.md §9).
+//!
+//! The daemon's session table (`crate::session`) owns the order of things — the turn, the
+//! chain, idle and lifetime, the ends — and calls a [`SessionSandbox`] for the parts only the
+//! provider can do: prove the sandbox is still the one opened, run a call in it, prove the
+//! call boundary afterwards, suspend it, and remove it.
+
+use std::time::Duration;
+
+use async_trait::async_trait;
+use plimsoll::refusal::Refusal;
+use plimsoll::wire::{ProjectFile, SessionEnd};
+
+use super::{ProjectPlan, ProjectReport, SnippetOutcome};
+
+/// What an open asks of the provider.
+#[derive(Debug, Clone)]
+pub struct SessionOpen {
+    /// How long the session may live (already bounded by the daemon's setting).
+    pub lifetime: Duration,
+    /// The languages the caller hinted, already checked; empty means every language.
+    pub languages: Vec<String>,
+    /// The disk budget measured after each call, in MiB; 0 = no bound.
+    pub disk_mb: u32,
+}
+
+/// A session sandbox the provider opened and verified.
+pub struct OpenedSession {
+    /// The live sandbox.
+    pub sandbox: Box<dyn SessionSandbox>,
+    /// The outer artifact every call runs on (the record's `environment`).
+    pub environment: String,
+    /// The software identity stated at open and on every record.
+    pub software_identity: String,
+    /// The sandbox instance, as a typed reference, or "".
+    pub instance: String,
+}
+
+/// Why a session step did not produce its result.
+#[derive(Debug, thiserror::Error)]
+pub enum SessionFault {
+    /// Nothing ran and the session goes on (for example docker did not answer the read-back).
+    #[error(transparent)]
+    Refused(#[from] Refusal),
+    /// The session is over; `reason` is what callers are told.
+    #[error("session ended ({reason:?}): {detail}")]
+    Ended {
+        /// The end reason.
+        reason: SessionEnd,
+        /// One sentence for the caller; never container output.
+        detail: String,
+    },
+    /// Something failed after code may have run; the detail goes only to the log.
+    #[error("{0}")]
+    Infrastructure(String),
+}
+
+impl SessionFault {
+    /// A session end.
+    pub fn ended(reason: SessionEnd, detail: impl Into<String>) -> SessionFault {
+        SessionFault::Ended {
+            reason,
+            detail: detail.into(),
+        }
+    }
+}
+
+/// One cell: code for a language's long-lived interpreter, after files are written.
+#[derive(Debug, Clone)]
+pub struct CellCall {
+    /// `javascript` or `python`.
+    pub language: String,
+    /// The code, already validated.
+    pub code: String,
+    /// Files written under `/work` before the code runs.
+    pub files: Vec<ProjectFile>,
+    /// The call's effective timeout.
+    pub timeout: Duration,
+}
+
+/// What a cell produced (wire.md §7.4).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct CellOutcome {
+    /// Output between the cell's markers, capped.
+    pub stdout: Vec<u8>,
+    /// Error output between the cell's markers, capped.
+    pub stderr: Vec<u8>,
+    /// 0 ran, 1 raised, 124 the deadline ended it.
+    pub exit_code: i32,
+    /// Whether the deadline ended it.
+    pub timed_out: bool,
+    /// Whether stdout was cut at the cap.
+    pub stdout_truncated: bool,
+    /// Whether stderr was cut at the cap.
+    pub stderr_truncated: bool,
+    /// This call ran in a fresh interpreter.
+    pub interpreter_started: bool,
+    /// The interpreter died, was killed or hit the deadline during this call.
+    pub interpreter_ended: bool,
+    /// The provider's own measure of the cell.
+    pub duration: Duration,
+}
+
+/// One live session sandbox. The daemon calls it only while holding the session's turn, so
+/// no two of these methods ever run at once for one session.
+#[async_trait]
+pub trait SessionSandbox: Send + Sync + 'static {
+    /// Before each call: resume a suspended sandbox and prove it is still the one opened
+    /// (providers.md §9.2). [`SessionFault::Refused`] keeps the session; `Ended` ends it.
+    async fn prepare(&mut self) -> Result<(), SessionFault>;
+
+    /// Runs a JavaScript snippet in the sandbox.
+    async fn snippet(
+        &mut self,
+        code: String,
+        timeout: Duration,
+    ) -> Result<SnippetOutcome, SessionFault>;
+
+    /// Runs a project in the sandbox; its files stay in `/work` for later calls.
+    async fn project(&mut self, plan: ProjectPlan) -> Result<ProjectReport, SessionFault>;
+
+    /// Runs a cell in the language's interpreter. By default cells are unsupported: nothing
+    /// runs.
+    async fn cell(&mut self, call: CellCall) -> Result<CellOutcome, SessionFault> {
+        Err(SessionFault::Refused(Refusal::Unsupported(format!(
+            "this session cannot run {} cells yet; nothing ran",
+            call.language
+        ))))
+    }
+
+    /// After each call: prove the boundary (nothing the call left running survives) and
+    /// measure the disk budget. Any error ends the session; it never assumes clean.
+    async fn sweep(&mut self) -> Result<(), SessionFault>;
+
+    /// Suspends an idle sandbox; the next [`SessionSandbox::prepare`] resumes it. An error
+    /// ends the session.
+    async fn suspend(&mut self) -> Result<(), SessionFault>;
+
+    /// Removes the sandbox; returns once it is gone (or every attempt failed, logged).
+    async fn finish(&mut self);
+}

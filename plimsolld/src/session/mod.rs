@@ -1,0 +1,278 @@
+//! The session table (wire.md §7, providers.md §9): every live session, who may name it, the
+//! caps, and each session's life from open to removal.
+//!
+//! A session belongs to the principal that opened it; any other caller's id looks exactly
+//! like an unknown one. Its admission slot is held for its whole life and released only
+//! once the provider reports the sandbox gone. Calls take the session's turn ([`Entry`]);
+//! idle, unclaimed and lifetime ends come from one watcher task per session
+//! ([`watch`]). A session that ended by itself stays collectable by `CloseSession` for ten
+//! minutes, then leaves the table.
+
+mod entry;
+pub mod proof;
+pub mod terms;
+mod watch;
+
+#[cfg(test)]
+mod tests;
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use plimsoll::refusal::Refusal;
+use plimsoll::wire::SessionEnd;
+
+pub use entry::{Ended, Entry, Stated, TurnGuard};
+
+use crate::admission::Admission;
+use crate::config::session::SessionConfig;
+use crate::provider::{Hold, OpenedSession, Provider, ProviderError, SessionOpen};
+
+/// How long a session that ended by itself stays collectable.
+pub const COLLECTABLE_FOR: Duration = Duration::from_secs(10 * 60);
+
+/// What an open settled on, before the provider is asked.
+pub struct OpenTerms {
+    /// The principal opening it.
+    pub caller: String,
+    /// The opaque owner, or "".
+    pub owner: String,
+    /// The effective lifetime.
+    pub lifetime: Duration,
+    /// The languages the session will offer.
+    pub languages: Vec<String>,
+}
+
+/// The session table.
+pub struct Sessions {
+    config: SessionConfig,
+    provider: Arc<dyn Provider>,
+    admission: Arc<Admission>,
+    entries: Mutex<HashMap<String, Arc<Entry>>>,
+    /// Opens run one at a time, so the caps hold without reservations; the drain takes it
+    /// to wait for opens in flight.
+    opening: tokio::sync::Mutex<()>,
+    draining: AtomicBool,
+}
+
+impl Sessions {
+    /// An empty table.
+    pub fn new(
+        config: SessionConfig,
+        provider: Arc<dyn Provider>,
+        admission: Arc<Admission>,
+    ) -> Arc<Sessions> {
+        Arc::new(Sessions {
+            config,
+            provider,
+            admission,
+            entries: Mutex::new(HashMap::new()),
+            opening: tokio::sync::Mutex::new(()),
+            draining: AtomicBool::new(false),
+        })
+    }
+
+    /// The settings in force.
+    pub fn config(&self) -> &SessionConfig {
+        &self.config
+    }
+
+    fn entries(&self) -> MutexGuard<'_, HashMap<String, Arc<Entry>>> {
+        // Inserts and removes are single calls, so a poisoned map is still consistent.
+        self.entries.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Live (not ended) sessions.
+    pub fn live(&self) -> usize {
+        self.entries()
+            .values()
+            .filter(|e| e.ended().is_none())
+            .count()
+    }
+
+    /// Opens a session: caps, admission, a replaced session for the owner's cap, then the
+    /// provider's sandbox. `stated` is completed with the id and what the provider opened.
+    pub async fn open(
+        self: &Arc<Self>,
+        terms: OpenTerms,
+        stated: impl FnOnce(&OpenedSession) -> Stated,
+    ) -> Result<Arc<Entry>, ProviderError> {
+        let _opening = self.opening.lock().await;
+        if self.draining.load(Ordering::SeqCst) {
+            return Err(Refusal::AtCapacity(
+                "the daemon is shutting down and opens no sessions".to_owned(),
+            )
+            .into());
+        }
+        let victim = self.check_caps(&terms)?;
+        let permit = self.admission.admit(&terms.caller)?;
+        if let Some(victim) = victim {
+            self.end(
+                &victim,
+                SessionEnd::SESSION_END_REPLACED,
+                "the owner's session cap was reached and a newer session replaced this one",
+            );
+        }
+        let opened = self
+            .provider
+            .open_session(SessionOpen {
+                lifetime: terms.lifetime,
+                languages: terms.languages.clone(),
+                disk_mb: self.config.disk_mb,
+            })
+            .await?;
+        let stated = stated(&opened);
+        let entry = Arc::new(Entry::new(stated, opened.sandbox, Hold::new(permit)));
+        self.entries()
+            .insert(entry.stated.id.clone(), Arc::clone(&entry));
+        tokio::spawn(watch::watch(Arc::clone(self), Arc::clone(&entry)));
+        Ok(entry)
+    }
+
+    /// The daemon-wide, per-caller and per-owner caps. At the owner's cap, the owner's least
+    /// recently used idle session is chosen to be replaced; if all are busy, the open is
+    /// refused.
+    fn check_caps(&self, terms: &OpenTerms) -> Result<Option<Arc<Entry>>, Refusal> {
+        let entries = self.entries();
+        let live: Vec<&Arc<Entry>> = entries.values().filter(|e| e.ended().is_none()).collect();
+        let c = &self.config;
+        if live.len() >= c.max_sessions as usize {
+            return Err(Refusal::AtCapacity(format!(
+                "the daemon holds its maximum of {} sessions; close one or retry later",
+                c.max_sessions
+            )));
+        }
+        let mine = live
+            .iter()
+            .filter(|e| e.stated.caller == terms.caller)
+            .count();
+        if c.per_caller > 0 && mine >= c.per_caller as usize {
+            return Err(Refusal::AtCapacity(format!(
+                "this caller holds its maximum of {} sessions; close one first",
+                c.per_caller
+            )));
+        }
+        if c.per_owner == 0 || terms.owner.is_empty() {
+            return Ok(None);
+        }
+        let owned: Vec<&&Arc<Entry>> = live
+            .iter()
+            .filter(|e| e.stated.owner == terms.owner && e.stated.caller == terms.caller)
+            .collect();
+        if owned.len() < c.per_owner as usize {
+            return Ok(None);
+        }
+        owned
+            .into_iter()
+            .filter(|e| e.idle_now())
+            .min_by_key(|e| e.idle_state().0)
+            .map(|e| Some(Arc::clone(e)))
+            .ok_or_else(|| {
+                Refusal::AtCapacity(
+                    "this owner's sessions are all busy and at the owner's cap; retry when one is idle"
+                        .to_owned(),
+                )
+            })
+    }
+
+    /// The caller's session `id`; another caller's id looks unknown.
+    pub fn find(&self, id: &str, caller: &str) -> Result<Arc<Entry>, Refusal> {
+        self.entries()
+            .get(id)
+            .filter(|e| e.stated.caller == caller)
+            .cloned()
+            .ok_or(Refusal::SessionNotFound)
+    }
+
+    /// Ends `entry` (if it is not ended already) and removes its sandbox off the caller's
+    /// path; the slot is released once the sandbox is gone. The entry stays collectable for
+    /// [`COLLECTABLE_FOR`].
+    pub fn end(self: &Arc<Self>, entry: &Arc<Entry>, reason: SessionEnd, detail: &str) {
+        if !entry.mark_ended(reason, detail) {
+            return;
+        }
+        let sessions = Arc::clone(self);
+        let entry = Arc::clone(entry);
+        tokio::spawn(async move {
+            remove_sandbox(&entry).await;
+            tokio::time::sleep(COLLECTABLE_FOR).await;
+            sessions.forget(&entry);
+        });
+    }
+
+    /// Closes `entry`: ends it as closed (unless it ended already), waits until its sandbox
+    /// is gone, and removes it from the table. Returns the turn's final chain position and
+    /// how it ended.
+    pub async fn close(&self, entry: &Arc<Entry>) -> Result<(u64, String, Ended), Refusal> {
+        let turn = match entry.take_turn().await {
+            Ok(turn) => Some(turn),
+            // Ended: still collectable; wait for the removal below.
+            Err(Refusal::SessionEnded { .. }) => None,
+            Err(other) => return Err(other),
+        };
+        entry.mark_ended(SessionEnd::SESSION_END_CLOSED, "closed by CloseSession");
+        drop(turn);
+        let (sequence, last) = remove_sandbox(entry).await;
+        self.forget(entry);
+        let ended = entry.ended().unwrap_or(Ended {
+            reason: SessionEnd::SESSION_END_CLOSED,
+            detail: String::new(),
+        });
+        Ok((sequence, last, ended))
+    }
+
+    fn forget(&self, entry: &Arc<Entry>) {
+        let mut entries = self.entries();
+        if entries
+            .get(&entry.stated.id)
+            .is_some_and(|e| Arc::ptr_eq(e, entry))
+        {
+            entries.remove(&entry.stated.id);
+        }
+    }
+
+    /// The drain (providers.md §9.7): refuse new opens, wait for opens in flight, end every
+    /// session as `shutdown`, and wait up to `budget` for the removals.
+    pub async fn drain(self: &Arc<Self>, budget: Duration) {
+        self.draining.store(true, Ordering::SeqCst);
+        let deadline = tokio::time::Instant::now() + budget;
+        let opening = tokio::time::timeout_at(deadline, self.opening.lock()).await;
+        let all: Vec<Arc<Entry>> = self.entries().values().cloned().collect();
+        for entry in &all {
+            self.end(
+                entry,
+                SessionEnd::SESSION_END_SHUTDOWN,
+                "the daemon is shutting down",
+            );
+        }
+        for entry in &all {
+            if tokio::time::timeout_at(deadline, entry.wait_gone())
+                .await
+                .is_err()
+            {
+                tracing::warn!(
+                    "drain: a session sandbox is still being removed; the orphan sweep of the next start removes it"
+                );
+                break;
+            }
+        }
+        drop(opening);
+        if !all.is_empty() {
+            tracing::info!(sessions = all.len(), "drain: sessions ended");
+        }
+    }
+}
+
+/// Removes the session's sandbox once the turn is free (after any call and its sweep), then
+/// drops its admission slot. Returns the chain's final position. Idempotent.
+async fn remove_sandbox(entry: &Entry) -> (u64, String) {
+    let mut turn = entry.turn_for_removal().await;
+    if let Some(mut sandbox) = turn.sandbox.take() {
+        sandbox.finish().await;
+        drop(std::mem::take(&mut turn.hold));
+        entry.mark_gone();
+    }
+    (turn.sequence, turn.last_record.clone())
+}

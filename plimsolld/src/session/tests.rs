@@ -1,0 +1,299 @@
+//! The session table's own logic, on short real timeouts: idle suspend, unclaimed, lifetime, the
+//! turn's queue, the owner cap and the slot released only after removal. The sandbox is a
+//! recording stand-in; what a real sandbox does is tested end to end in `tests/`.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use plimsoll::refusal::Refusal;
+use plimsoll::tier::IsolationTier;
+use plimsoll::wire::SessionEnd;
+
+use super::*;
+use crate::admission::Admission;
+use crate::config::admission::Limits;
+use crate::metrics::Metrics;
+use crate::provider::{
+    Description, ProjectPlan, ProjectReport, ProviderError, SessionFault, SessionSandbox,
+    SnippetOutcome, SnippetRun, TierEvidence,
+};
+
+/// What the stand-in sandboxes were asked to do.
+#[derive(Default)]
+struct Log {
+    suspended: AtomicUsize,
+    finished: AtomicUsize,
+    opened: AtomicUsize,
+}
+
+struct Recording(Arc<Log>);
+
+#[async_trait]
+impl SessionSandbox for Recording {
+    async fn prepare(&mut self) -> Result<(), SessionFault> {
+        Ok(())
+    }
+    async fn snippet(
+        &mut self,
+        _code: String,
+        _timeout: Duration,
+    ) -> Result<SnippetOutcome, SessionFault> {
+        Ok(SnippetOutcome::default())
+    }
+    async fn project(&mut self, _plan: ProjectPlan) -> Result<ProjectReport, SessionFault> {
+        Ok(ProjectReport::default())
+    }
+    async fn sweep(&mut self) -> Result<(), SessionFault> {
+        Ok(())
+    }
+    async fn suspend(&mut self) -> Result<(), SessionFault> {
+        self.0.suspended.fetch_add(1, Ordering::SeqCst);
+        Ok(())
+    }
+    async fn finish(&mut self) {
+        self.0.finished.fetch_add(1, Ordering::SeqCst);
+    }
+}
+
+struct FakeProvider(Arc<Log>);
+
+#[async_trait]
+impl Provider for FakeProvider {
+    async fn preflight(&self) -> Result<TierEvidence, ProviderError> {
+        unreachable!("the table never preflights")
+    }
+    async fn prove(&self) -> Result<TierEvidence, ProviderError> {
+        unreachable!("the table never proves")
+    }
+    async fn ready(&self) -> Result<(), String> {
+        Ok(())
+    }
+    fn current_tier(&self) -> IsolationTier {
+        IsolationTier::Container
+    }
+    fn describe(&self) -> Description {
+        Description {
+            sandbox: "fake",
+            supports_sessions: true,
+            ..Description::default()
+        }
+    }
+    async fn run_snippet(&self, _run: SnippetRun) -> Result<SnippetOutcome, ProviderError> {
+        unreachable!("no single runs here")
+    }
+    async fn open_session(&self, _open: SessionOpen) -> Result<OpenedSession, ProviderError> {
+        self.0.opened.fetch_add(1, Ordering::SeqCst);
+        Ok(OpenedSession {
+            sandbox: Box::new(Recording(Arc::clone(&self.0))),
+            environment: String::new(),
+            software_identity: String::new(),
+            instance: String::new(),
+        })
+    }
+}
+
+fn table(config: SessionConfig, max_concurrent: u32) -> (Arc<Sessions>, Arc<Log>, Arc<Admission>) {
+    let log = Arc::new(Log::default());
+    let limits = Limits {
+        max_concurrent,
+        per_key_concurrent: 0,
+        rate_per_min: 0,
+        rate_burst: 0,
+        total_memory_mb: 0,
+        per_run_memory_mb: 256,
+        clamped: false,
+    };
+    let admission = Admission::new(limits, Arc::new(Metrics::default()));
+    let provider = Arc::new(FakeProvider(Arc::clone(&log)));
+    (
+        Sessions::new(config, provider, Arc::clone(&admission)),
+        log,
+        admission,
+    )
+}
+
+fn config() -> SessionConfig {
+    SessionConfig {
+        max_sessions: 4,
+        ..SessionConfig::default()
+    }
+}
+
+async fn open(sessions: &Arc<Sessions>, owner: &str, idle: Duration) -> Arc<Entry> {
+    open_for(sessions, owner, idle, Duration::from_secs(60)).await
+}
+
+async fn open_for(
+    sessions: &Arc<Sessions>,
+    owner: &str,
+    idle: Duration,
+    lifetime: Duration,
+) -> Arc<Entry> {
+    let id = hex::encode(rand::random::<[u8; 16]>());
+    let terms = OpenTerms {
+        caller: "c".to_owned(),
+        owner: owner.to_owned(),
+        lifetime,
+        languages: Vec::new(),
+    };
+    let expires_at = tokio::time::Instant::now() + terms.lifetime;
+    sessions
+        .open(terms, |_| Stated {
+            fingerprint: plimsoll::record::session_fingerprint(&id),
+            id: id.clone(),
+            caller: "c".to_owned(),
+            owner: owner.to_owned(),
+            sandbox: "fake",
+            tier: IsolationTier::Container,
+            environment: String::new(),
+            software_identity: String::new(),
+            instance: String::new(),
+            policy: String::new(),
+            rule: None,
+            expires_unix_ms: 0,
+            expires_at,
+            idle,
+        })
+        .await
+        .expect("open")
+}
+
+/// Lets spawned tasks run.
+async fn settle() {
+    tokio::time::sleep(Duration::from_millis(50)).await;
+}
+
+/// Waits up to 5 s for `done`.
+async fn until(what: &str, done: impl Fn() -> bool) {
+    for _ in 0..500 {
+        if done() {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    panic!("{what} did not happen within 5 s");
+}
+
+#[tokio::test]
+async fn an_unclaimed_session_closes_at_its_first_idle_timeout_and_frees_its_slot() {
+    let (sessions, log, admission) = table(config(), 4);
+    let entry = open(&sessions, "", Duration::from_millis(200)).await;
+    assert_eq!(admission.in_flight(), 1, "the session holds a slot");
+    until("the unclaimed end", || admission.in_flight() == 0).await;
+    let ended = entry.ended().expect("ended");
+    assert_eq!(ended.reason, SessionEnd::SESSION_END_UNCLAIMED);
+    assert_eq!(log.finished.load(Ordering::SeqCst), 1);
+    assert_eq!(log.suspended.load(Ordering::SeqCst), 0);
+    assert_eq!(admission.in_flight(), 0, "released after the removal");
+}
+
+#[tokio::test]
+async fn a_claimed_idle_session_is_suspended_once_and_expires_at_its_lifetime() {
+    let (sessions, log, _) = table(config(), 4);
+    let entry = open_for(
+        &sessions,
+        "",
+        Duration::from_millis(100),
+        Duration::from_millis(900),
+    )
+    .await;
+    entry.claim();
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(
+        log.suspended.load(Ordering::SeqCst),
+        1,
+        "suspended once, not again"
+    );
+    assert!(entry.ended().is_none());
+    until("the expiry", || log.finished.load(Ordering::SeqCst) == 1).await;
+    assert_eq!(
+        entry.ended().map(|e| e.reason),
+        Some(SessionEnd::SESSION_END_EXPIRED)
+    );
+    assert_eq!(log.finished.load(Ordering::SeqCst), 1);
+}
+
+#[tokio::test]
+async fn one_call_may_wait_for_the_turn_and_a_third_is_refused() {
+    let (sessions, _, _) = table(config(), 4);
+    let entry = open(&sessions, "", Duration::ZERO).await;
+    let held = entry.take_turn().await.expect("first");
+    let waiting = {
+        let entry = Arc::clone(&entry);
+        tokio::spawn(async move { entry.take_turn().await.map(drop) })
+    };
+    settle().await;
+    assert!(matches!(
+        entry.take_turn().await.map(drop),
+        Err(Refusal::AtCapacity(_))
+    ));
+    drop(held);
+    assert!(
+        waiting.await.expect("task").is_ok(),
+        "the waiter got the turn"
+    );
+}
+
+#[tokio::test]
+async fn the_owner_cap_replaces_the_idle_session_and_refuses_when_all_are_busy() {
+    let caps = SessionConfig {
+        per_owner: 1,
+        ..config()
+    };
+    let (sessions, _, _) = table(caps, 4);
+    let first = open(&sessions, "o", Duration::ZERO).await;
+    let second = open(&sessions, "o", Duration::ZERO).await;
+    settle().await;
+    assert_eq!(
+        first.ended().map(|e| e.reason),
+        Some(SessionEnd::SESSION_END_REPLACED)
+    );
+    let _busy = second.take_turn().await.expect("turn");
+    let third = sessions
+        .open(
+            OpenTerms {
+                caller: "c".to_owned(),
+                owner: "o".to_owned(),
+                lifetime: Duration::from_secs(60),
+                languages: Vec::new(),
+            },
+            |_| unreachable!("refused before the provider is asked"),
+        )
+        .await;
+    assert!(matches!(
+        third,
+        Err(ProviderError::Refused(Refusal::AtCapacity(_)))
+    ));
+}
+
+#[tokio::test]
+async fn the_drain_refuses_opens_and_removes_every_sandbox() {
+    let (sessions, log, admission) = table(config(), 4);
+    let a = open(&sessions, "", Duration::ZERO).await;
+    let _b = open(&sessions, "", Duration::ZERO).await;
+    sessions.drain(Duration::from_secs(5)).await;
+    assert_eq!(log.finished.load(Ordering::SeqCst), 2);
+    assert_eq!(admission.in_flight(), 0);
+    assert_eq!(
+        a.ended().map(|e| e.reason),
+        Some(SessionEnd::SESSION_END_SHUTDOWN)
+    );
+    let refused = sessions
+        .open(
+            OpenTerms {
+                caller: "c".to_owned(),
+                owner: String::new(),
+                lifetime: Duration::from_secs(60),
+                languages: Vec::new(),
+            },
+            |_| unreachable!("refused while draining"),
+        )
+        .await;
+    assert!(matches!(
+        refused,
+        Err(ProviderError::Refused(Refusal::AtCapacity(_)))
+    ));
+    assert_eq!(log.opened.load(Ordering::SeqCst), 2);
+}

@@ -1,0 +1,106 @@
+"""Sessions on docker through the published Python client, plimsoll-client 0.23.0 from PyPI
+and unchanged, against the real plimsolld (wire.md §7, records.md §7).
+
+For each runtime (runc always; runsc when PLIMSOLL_TEST_DOCKER_RUNTIMES names it, as
+scripts/test does), one daemon with SANDBOX_PROVIDER=docker and sessions on serves a session
+through `Client.open_session`: a snippet writes a file, a project reads it, a snippet reads
+the project's output; the client checks every record's chain as it goes and the close
+totals against its own. A session past its lifetime reports `expired`, marked as not run.
+
+Docker and the images (scripts/setup-docker, images/build) are required: when they are
+missing the test FAILS unless PLIMSOLL_TEST_DOCKER_SKIP=1.
+
+    tests/interop/.venv/bin/python -I tests/interop/test_session.py
+"""
+
+from __future__ import annotations
+
+import os
+import pathlib
+import sys
+import time
+import unittest
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+sys.dont_write_bytecode = True
+
+import plimsoll_client as pc  # noqa: E402
+from plimsolld_process import Plimsolld  # noqa: E402
+from test_docker import RUNTIMES, START_TIMEOUT, TIERS, docker_problem  # noqa: E402
+
+REQUEST_TIMEOUT = 60.0
+
+
+class SessionDaemon(Plimsolld):
+    """plimsolld with the docker provider, sessions on and a fresh token."""
+
+    token: str
+
+    def __init__(self, runtime: str) -> None:
+        env = {"SANDBOX_PROVIDER": "docker", "SANDBOX_MAX_SESSIONS": "4", "SANDBOX_RATE_PER_MIN": "0"}
+        if runtime != "runc":
+            env["SANDBOX_DOCKER_RUNTIME"] = runtime
+        super().__init__(env, start_timeout=START_TIMEOUT, stop_timeout=60.0, token=True)
+
+
+class SessionInteropTest(unittest.TestCase):
+    def setUp(self) -> None:
+        problem = docker_problem()
+        if problem is None:
+            return
+        if os.environ.get("PLIMSOLL_TEST_DOCKER_SKIP") == "1":
+            self.skipTest(f"PLIMSOLL_TEST_DOCKER_SKIP=1: {problem}")
+        self.fail(f"{problem} (set PLIMSOLL_TEST_DOCKER_SKIP=1 to skip on a developer machine)")
+
+    def test_a_session_keeps_files_chains_records_and_closes_with_matching_totals(self) -> None:
+        for runtime in RUNTIMES:
+            with self.subTest(runtime=runtime):
+                daemon = SessionDaemon(runtime)
+                try:
+                    client = pc.Client(daemon.url, daemon.token, request_timeout=REQUEST_TIMEOUT)
+                    info = client.describe()
+                    self.assertTrue(info.supports_sessions)
+                    with client.open_session(minimum_isolation=TIERS[runtime], owner="interop-user") as s:
+                        self.assertEqual((s.provider, s.isolation), ("docker", TIERS[runtime]))
+                        wrote = s.run_javascript("require('fs').writeFileSync('/work/n.txt', '20'); console.log('ok')")
+                        self.assertEqual((wrote.stdout, wrote.exit_code), (b"ok\n", 0))
+                        self.assertEqual(wrote.record.sequence, 1)
+                        project = s.run_project(
+                            {"double.py": "print(int(open('n.txt').read()) * 2)\nopen('out.txt', 'w').write('done')\n"},
+                            ["python3 double.py"],
+                        )
+                        self.assertEqual(project.outcome, "completed", project.detail)
+                        self.assertEqual(project.steps[0].stdout, b"40\n")
+                        read = s.run_javascript("console.log(require('fs').readFileSync('/work/out.txt', 'utf8'))")
+                        self.assertEqual(read.stdout, b"done\n")
+                        self.assertEqual(read.record.sequence, 3)
+                        self.assertEqual(read.record.previous_sha256, project.record.sha256)
+                        self.assertEqual(s.calls, 3)
+                        last = s.last_record_sha256
+                    summary = s.close()
+                    self.assertEqual((summary.calls, summary.last_record_sha256, summary.end), (3, last, "closed"))
+                finally:
+                    code = daemon.stop()
+                self.assertEqual(code, 0, "plimsolld after SIGTERM; its log:\n" + "\n".join(daemon.log))
+
+    def test_an_expired_session_reports_its_end(self) -> None:
+        runtime = RUNTIMES[0]
+        daemon = SessionDaemon(runtime)
+        try:
+            client = pc.Client(daemon.url, daemon.token, request_timeout=REQUEST_TIMEOUT)
+            s = client.open_session(lifetime=2.0)
+            s.run_javascript("console.log(1)")
+            time.sleep(4.0)
+            with self.assertRaises(pc.SessionEndedError) as raised:
+                s.run_javascript("console.log(2)")
+            self.assertEqual(raised.exception.reason, "expired")
+            self.assertIsNotNone(raised.exception.not_dispatched)
+            summary = s.close()
+            self.assertEqual((summary.calls, summary.end), (1, "expired"))
+        finally:
+            code = daemon.stop()
+        self.assertEqual(code, 0, "plimsolld after SIGTERM; its log:\n" + "\n".join(daemon.log))
+
+
+if __name__ == "__main__":
+    unittest.main(verbosity=2)
