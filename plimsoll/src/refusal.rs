@@ -142,6 +142,10 @@ pub enum Refusal {
     /// The declared body is larger than the 8 MiB cap.
     #[error("{0}")]
     BodyTooLarge(String),
+    /// The call's deadline passed before anything was handed to the sandbox (a cell whose
+    /// code was never sent, wire.md §8.3): nothing ran, and the time is gone.
+    #[error("{0}")]
+    DeadlineBeforeDispatch(String),
 }
 
 impl Refusal {
@@ -165,6 +169,9 @@ impl Refusal {
             Refusal::Unauthenticated(_) => (ErrorCode::Unauthenticated, Reason::Permission),
             Refusal::AtCapacity(_) => (ErrorCode::ResourceExhausted, Reason::Capacity),
             Refusal::BodyTooLarge(_) => (ErrorCode::ResourceExhausted, Reason::Request),
+            // The spec leaves the reason open; capacity is what the grant path uses for a
+            // run whose time ran out before dispatch (grants.md §1.4).
+            Refusal::DeadlineBeforeDispatch(_) => (ErrorCode::DeadlineExceeded, Reason::Capacity),
         }
     }
 
@@ -262,6 +269,13 @@ mod tests {
     fn capacity_refusal_carries_reason_six() {
         let err = Refusal::AtCapacity("full".into()).to_connect_error();
         assert_eq!(err.code, ErrorCode::ResourceExhausted);
+        assert_eq!(detail_bytes(&err, NOT_DISPATCHED_TYPE), vec![0x08, 0x06]);
+    }
+
+    #[test]
+    fn a_deadline_before_dispatch_is_deadline_exceeded_marked_capacity() {
+        let err = Refusal::DeadlineBeforeDispatch("late".into()).to_connect_error();
+        assert_eq!(err.code, ErrorCode::DeadlineExceeded);
         assert_eq!(detail_bytes(&err, NOT_DISPATCHED_TYPE), vec![0x08, 0x06]);
     }
 

@@ -132,18 +132,59 @@ async fn the_rust_client_chains_a_docker_session_and_its_close_matches() {
         .expect("third call");
     assert_eq!(stdout_of(&third), "add.py,n\n");
 
+    // Cells: one interpreter per language, each keeping its state from cell to cell; a
+    // cell's files are written under /work before it runs.
+    let cell = |answer: &plimsoll::client::SessionAnswer| match &answer.run().result {
+        Some(run_response::Result::Cell(c)) => (
+            c.exit_code,
+            String::from_utf8_lossy(&c.stdout).into_owned(),
+            c.interpreter_started,
+        ),
+        other => panic!("not a cell result: {other:?}"),
+    };
+    let js1 = s
+        .run_cell("javascript", "let x = 41", &[], &opts)
+        .await
+        .expect("javascript cell 1");
+    assert_eq!(cell(&js1).2, true, "the first cell starts the interpreter");
+    let js2 = s
+        .run_cell("javascript", "x + 1", &[], &opts)
+        .await
+        .expect("javascript cell 2");
+    assert_eq!(cell(&js2), (0, "42\n".to_owned(), false));
+    let py1 = s
+        .run_cell(
+            "python",
+            "y = int(open('n').read())",
+            &[("one.txt".to_owned(), "1".to_owned())],
+            &opts,
+        )
+        .await
+        .expect("python cell 1");
+    assert_eq!(cell(&py1).0, 0);
+    let py2 = s
+        .run_cell("python", "y + int(open('one.txt').read())", &[], &opts)
+        .await
+        .expect("python cell 2");
+    assert_eq!(cell(&py2), (0, "42\n".to_owned(), false));
+    let raised = s
+        .run_cell("python", "raise ValueError('no')", &[], &opts)
+        .await
+        .expect("a raising cell is an answer");
+    assert_eq!(cell(&raised).0, 1);
+
     // The client checked every record as it came; the saved answers check again offline.
     let state = s.state().await;
-    assert_eq!(state.calls, 3);
-    let answers = [first, project, third];
+    assert_eq!(state.calls, 8);
+    let answers = [first, project, third, js1, js2, py1, py2, raised];
     let (calls, last) = verify_chain(&state.fingerprint, &answers).expect("chain");
     assert_eq!(
         (calls, last.as_str()),
-        (3, state.last_record_sha256.as_str())
+        (8, state.last_record_sha256.as_str())
     );
 
     let summary = s.close().await.expect("close checks the totals");
-    assert_eq!(summary.calls, 3);
+    assert_eq!(summary.calls, 8);
     assert_eq!(
         summary.ended.as_known(),
         Some(SessionEnd::SESSION_END_CLOSED)
@@ -257,13 +298,31 @@ fn the_cli_session_commands_exit_with_their_documented_codes() {
         ),
         1,
     );
+    let cell = ok(
+        cli(
+            &d,
+            &token,
+            &[
+                "session",
+                "cell",
+                "--state",
+                state_arg,
+                "--language",
+                "python",
+                "-e",
+                "6 * 7",
+            ],
+        ),
+        0,
+    );
+    assert!(cell.contains("42"), "{cell}");
     let verified = ok(cli(&d, &token, &["verify", state_arg]), 0);
-    assert!(verified.contains("session of 2 calls"), "{verified}");
+    assert!(verified.contains("session of 3 calls"), "{verified}");
     let closed = ok(
         cli(&d, &token, &["session", "close", "--state", state_arg]),
         0,
     );
-    assert!(closed.contains("closed: 2 calls"), "{closed}");
+    assert!(closed.contains("closed: 3 calls"), "{closed}");
     // After the close this client sends nothing: refused locally, nothing ran.
     ok(
         cli(

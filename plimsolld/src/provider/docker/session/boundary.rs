@@ -16,6 +16,7 @@ use super::super::exec::{self, ExecSpec};
 use super::super::project::GUARD;
 use super::container::{SLEEP_ARGV, end_for};
 use crate::provider::SessionFault;
+use plimsoll::refusal::Refusal;
 
 /// The lister, run with `node -e`.
 const LISTER: &str = include_str!("lister.js");
@@ -94,6 +95,38 @@ pub async fn sweep(
     disk_mb: u32,
     keep: &[String],
 ) -> Result<(), SessionFault> {
+    let ran = launch(engine, container, user, disk_mb, keep).await;
+    judge(engine, container, ran.map_err(|e| e.to_string())).await
+}
+
+/// The sweep before a project call (providers.md §9.3): a dirty result ends the session as
+/// [`sweep`] does, but a sweep docker could not even start refuses the call and keeps the
+/// session — nothing ran, and the next call's read-back and sweep decide again.
+pub async fn quiesce(
+    engine: &Engine,
+    container: &str,
+    user: &str,
+    keep: &[String],
+) -> Result<(), SessionFault> {
+    match launch(engine, container, user, 0, keep).await {
+        Err(e) => {
+            tracing::warn!(error = %e, "session quiesce could not run");
+            Err(SessionFault::Refused(Refusal::Environment(
+                "the session could not be quiesced before the project call; nothing ran".into(),
+            )))
+        }
+        ran => judge(engine, container, ran.map_err(|e| e.to_string())).await,
+    }
+}
+
+/// Starts the sweep program and waits for it (bounded by [`BUDGET`]).
+async fn launch(
+    engine: &Engine,
+    container: &str,
+    user: &str,
+    disk_mb: u32,
+    keep: &[String],
+) -> Result<exec::ExecOutcome, exec::ExecError> {
     let disk_bytes = u64::from(disk_mb) * 1024 * 1024;
     let mut command = vec![
         "/bin/sh".to_owned(),
@@ -110,7 +143,7 @@ pub async fn sweep(
     ];
     command.extend(keep.iter().cloned());
     let argv = exec::env_argv(&[], &command);
-    let ran = exec::run(
+    exec::run(
         engine,
         container,
         &ExecSpec {
@@ -123,7 +156,15 @@ pub async fn sweep(
             deadline: Instant::now() + BUDGET,
         },
     )
-    .await;
+    .await
+}
+
+/// What a sweep's exit means for the session (providers.md §9.4's table).
+async fn judge(
+    engine: &Engine,
+    container: &str,
+    ran: Result<exec::ExecOutcome, String>,
+) -> Result<(), SessionFault> {
     let exit = match &ran {
         Ok(out) => out.exit_code,
         Err(e) => {

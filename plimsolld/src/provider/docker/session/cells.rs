@@ -130,9 +130,9 @@ fn refusal(e: CellError) -> SessionFault {
         CellError::FileRefused { index, errno } => SessionFault::Refused(Refusal::InvalidRequest(
             format!("cell file {index} could not be written ({errno}); nothing ran"),
         )),
-        CellError::Unsent { language } => SessionFault::Refused(Refusal::Environment(format!(
-            "the {language} cell's deadline passed before its code was sent; nothing ran"
-        ))),
+        CellError::Unsent { language } => SessionFault::Refused(Refusal::DeadlineBeforeDispatch(
+            format!("the {language} cell's deadline passed before its code was sent; nothing ran"),
+        )),
         CellError::Launch { language, reason } | CellError::Unreachable { language, reason } => {
             tracing::warn!(language, reason = %reason, "cell interpreter unavailable");
             SessionFault::Refused(Refusal::Environment(format!(

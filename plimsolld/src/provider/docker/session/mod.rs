@@ -196,7 +196,7 @@ impl SessionSandbox for DockerSession {
         // Quiesce: no interpreter may outlive into a project call (it could read the
         // runner's stdin, which carries the report key, before the guard loads).
         if self.end_interpreters().await {
-            boundary::sweep(&self.engine, &self.id, &self.settings.user(), 0, &self.keep).await?;
+            boundary::quiesce(&self.engine, &self.id, &self.settings.user(), &self.keep).await?;
         }
         self.run_project(plan).await
     }
