@@ -36,6 +36,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 pub mod connect;
+pub mod docker;
 pub mod h2c;
 pub mod http1;
 pub mod protobuf;

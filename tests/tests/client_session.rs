@@ -13,35 +13,8 @@ use std::time::Duration;
 use plimsoll::client::{Client, ClientError, RunOptions, SessionOptions, verify_chain};
 use plimsoll::refusal::Reason;
 use plimsoll::wire::{ProjectOutcome, SessionEnd, run_response};
+use plimsoll_tests::docker::{docker_ready, runsc, tier};
 use plimsoll_tests::{Daemon, binary, fresh_token};
-
-fn runsc() -> bool {
-    match std::env::var("PLIMSOLL_TEST_DOCKER_RUNTIME").as_deref() {
-        Ok("") | Ok("runc") | Err(_) => false,
-        Ok("runsc") => true,
-        Ok(other) => panic!("PLIMSOLL_TEST_DOCKER_RUNTIME={other:?}: use runc or runsc"),
-    }
-}
-
-/// Whether docker and the images are here; missing ones fail unless skipping was asked for.
-fn docker_ready() -> bool {
-    let ok = ["plimsoll/sandbox-node:latest", "plimsoll/sandbox:latest"]
-        .iter()
-        .all(|image| {
-            Command::new("docker")
-                .args(["image", "inspect", image])
-                .output()
-                .is_ok_and(|o| o.status.success())
-        });
-    if ok {
-        return true;
-    }
-    if std::env::var("PLIMSOLL_TEST_DOCKER_SKIP").as_deref() == Ok("1") {
-        eprintln!("PLIMSOLL_TEST_DOCKER_SKIP=1: skipping a docker session test");
-        return false;
-    }
-    panic!("docker or its images are missing: run scripts/setup-docker and images/build");
-}
 
 /// A docker daemon with sessions on and a shared token.
 fn daemon(token: &str) -> Daemon {
@@ -56,10 +29,6 @@ fn daemon(token: &str) -> Daemon {
         env.push(("SANDBOX_DOCKER_RUNTIME", "runsc"));
     }
     Daemon::start(&env)
-}
-
-fn tier() -> &'static str {
-    if runsc() { "kernel" } else { "container" }
 }
 
 fn client(d: &Daemon, token: &str) -> Client {

@@ -20,11 +20,12 @@ use std::time::{Duration, Instant};
 
 use plimsoll_tests::Daemon;
 use plimsoll_tests::connect;
+use plimsoll_tests::docker::{
+    PROJECT_IMAGE, SNIPPET_IMAGE, docker, docker_ready, runsc, runtime, tier,
+};
 use plimsoll_tests::http1::{Connection, Request, Response};
 use serde_json::{Value, json};
 
-const SNIPPET_IMAGE: &str = "plimsoll/sandbox-node:latest";
-const PROJECT_IMAGE: &str = "plimsoll/sandbox:latest";
 const OUTPUT_CAP: usize = 64 * 1024;
 /// The shared daemon's process limit: small, so fork bombs end fast.
 const PIDS: u32 = 64;
@@ -32,61 +33,10 @@ const ANSWER_TIMEOUT: Duration = Duration::from_secs(90);
 
 // === environment ===
 
-/// `runc` or `runsc`, from `PLIMSOLL_TEST_DOCKER_RUNTIME`.
-fn runtime() -> &'static str {
-    match std::env::var("PLIMSOLL_TEST_DOCKER_RUNTIME").as_deref() {
-        Ok("") | Ok("runc") | Err(_) => "runc",
-        Ok("runsc") => "runsc",
-        Ok(other) => panic!("PLIMSOLL_TEST_DOCKER_RUNTIME={other:?}: use runc or runsc"),
-    }
-}
-
-fn runsc() -> bool {
-    runtime() == "runsc"
-}
-
-/// The tier the runtime must prove.
-fn tier() -> &'static str {
-    if runsc() { "kernel" } else { "container" }
-}
-
-fn docker(args: &[&str]) -> (bool, String) {
-    match Command::new("docker").args(args).output() {
-        Ok(out) => (
-            out.status.success(),
-            String::from_utf8_lossy(&out.stdout).trim().to_owned()
-                + &String::from_utf8_lossy(&out.stderr),
-        ),
-        Err(e) => (false, e.to_string()),
-    }
-}
-
 fn image_id(reference: &str) -> String {
     let (ok, id) = docker(&["image", "inspect", "--format", "{{.Id}}", reference]);
     assert!(ok, "docker image inspect {reference}: {id}");
     id
-}
-
-/// Whether the tests can run. Missing docker or images fail the test, unless the developer
-/// opted out with `PLIMSOLL_TEST_DOCKER_SKIP=1`.
-fn docker_ready() -> bool {
-    let problem = match docker(&["version", "--format", "{{.Server.Version}}"]) {
-        (false, why) => Some(format!(
-            "docker does not answer ({why}); run scripts/setup-docker"
-        )),
-        _ => [SNIPPET_IMAGE, PROJECT_IMAGE]
-            .into_iter()
-            .find(|i| !docker(&["image", "inspect", i]).0)
-            .map(|i| format!("image {i} is missing; run images/build")),
-    };
-    let Some(problem) = problem else { return true };
-    if std::env::var("PLIMSOLL_TEST_DOCKER_SKIP").as_deref() == Ok("1") {
-        eprintln!("PLIMSOLL_TEST_DOCKER_SKIP=1: skipping a docker test: {problem}");
-        return false;
-    }
-    panic!(
-        "{problem} (set PLIMSOLL_TEST_DOCKER_SKIP=1 to skip the docker tests on a developer machine)"
-    );
 }
 
 macro_rules! require_docker {

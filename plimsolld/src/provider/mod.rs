@@ -152,6 +152,22 @@ pub struct SnippetOutcome {
     pub instance: String,
 }
 
+impl SnippetOutcome {
+    /// The guest's part of the outcome as the wire's result, taken out of `self` (the
+    /// evidence fields stay for the response around it).
+    pub fn take_result(&mut self) -> plimsoll::wire::JavaScriptResult {
+        plimsoll::wire::JavaScriptResult {
+            stdout: std::mem::take(&mut self.stdout),
+            stderr: std::mem::take(&mut self.stderr),
+            exit_code: self.exit_code,
+            timed_out: self.timed_out,
+            stdout_truncated: self.stdout_truncated,
+            stderr_truncated: self.stderr_truncated,
+            ..Default::default()
+        }
+    }
+}
+
 /// One project to run: files written under the work directory, then the steps in order,
 /// then the artifacts read back (wire.md §6.5, providers.md §5.9).
 #[derive(Debug)]

@@ -10,8 +10,7 @@ use plimsoll::refusal::Refusal;
 use plimsoll::tier::{Floor, IsolationTier};
 use plimsoll::validate::{self, PayloadKind};
 use plimsoll::wire::{
-    JavaScriptResult, ProjectOutcome, RunRequest, RunResponse, SoftwareRule, run_request,
-    run_response,
+    ProjectOutcome, RunRequest, RunResponse, SoftwareRule, run_request, run_response,
 };
 
 use super::{State, answer_error};
@@ -283,8 +282,9 @@ fn answer_snippet(
     sandbox: &str,
     tier: IsolationTier,
     policy: &str,
-    out: SnippetOutcome,
+    mut out: SnippetOutcome,
 ) -> RunResponse {
+    let result = out.take_result();
     let resp = RunResponse {
         sandbox: sandbox.to_owned(),
         isolation: tier.as_str().to_owned(),
@@ -292,17 +292,7 @@ fn answer_snippet(
         software_identity: out.software_identity,
         environment: out.environment,
         instance: out.instance,
-        result: Some(run_response::Result::Javascript(Box::new(
-            JavaScriptResult {
-                stdout: out.stdout,
-                stderr: out.stderr,
-                exit_code: out.exit_code,
-                timed_out: out.timed_out,
-                stdout_truncated: out.stdout_truncated,
-                stderr_truncated: out.stderr_truncated,
-                ..Default::default()
-            },
-        ))),
+        result: Some(run_response::Result::Javascript(Box::new(result))),
         ..Default::default()
     };
     arrived.seal_single(resp, req, policy)

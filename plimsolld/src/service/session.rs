@@ -12,9 +12,9 @@ use plimsoll::record::{self, Stamp};
 use plimsoll::refusal::{Refusal, SESSION_ENDED_TYPE, UNANSWERED_CALL_TYPE};
 use plimsoll::validate::{self, PayloadKind};
 use plimsoll::wire::{
-    CellResult, CloseSessionRequest, CloseSessionResponse, JavaScriptResult, OpenSessionRequest,
-    OpenSessionResponse, RunRecord, RunResponse, SessionEnd, SessionEnded, SessionRunRequest,
-    SessionRunResponse, UnansweredCall, run_response, session_run_request,
+    CellResult, CloseSessionRequest, CloseSessionResponse, OpenSessionRequest, OpenSessionResponse,
+    RunRecord, RunResponse, SessionEnd, SessionEnded, SessionRunRequest, SessionRunResponse,
+    UnansweredCall, run_response, session_run_request,
 };
 
 use super::run::{check_floor, check_software};
@@ -395,16 +395,8 @@ async fn run_job(
 ) -> Result<run_response::Result, SessionFault> {
     Ok(match job {
         Job::Snippet(code, timeout) => {
-            let out = sandbox.snippet(code, timeout).await?;
-            run_response::Result::Javascript(Box::new(JavaScriptResult {
-                stdout: out.stdout,
-                stderr: out.stderr,
-                exit_code: out.exit_code,
-                timed_out: out.timed_out,
-                stdout_truncated: out.stdout_truncated,
-                stderr_truncated: out.stderr_truncated,
-                ..Default::default()
-            }))
+            let mut out = sandbox.snippet(code, timeout).await?;
+            run_response::Result::Javascript(Box::new(out.take_result()))
         }
         Job::Project(plan) => {
             let report = sandbox.project(plan).await?;

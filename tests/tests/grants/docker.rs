@@ -4,42 +4,16 @@
 //! `PLIMSOLL_TEST_DOCKER_RUNTIME` (`runc`, the default, or `runsc`), as in `tests/docker.rs`;
 //! missing docker or images FAIL unless `PLIMSOLL_TEST_DOCKER_SKIP=1`.
 
-use std::process::Command;
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
 use crate::{Fixture, SECRET, bearers, borrowed, ran, refused, run, run_request, verify_jwt};
 use plimsoll_tests::Daemon;
+use plimsoll_tests::docker::{docker_ready, runsc, tier};
 
-const SNIPPET_IMAGE: &str = "plimsoll/sandbox-node:latest";
 /// A docker daemon's proof takes longer than the harness's default wait.
 const START: Duration = Duration::from_secs(120);
-
-fn runsc() -> bool {
-    match std::env::var("PLIMSOLL_TEST_DOCKER_RUNTIME").as_deref() {
-        Ok("") | Ok("runc") | Err(_) => false,
-        Ok("runsc") => true,
-        Ok(other) => panic!("PLIMSOLL_TEST_DOCKER_RUNTIME={other:?}: use runc or runsc"),
-    }
-}
-
-fn docker_ready() -> bool {
-    let ok = |args: &[&str]| {
-        Command::new("docker")
-            .args(args)
-            .output()
-            .is_ok_and(|o| o.status.success())
-    };
-    if ok(&["version"]) && ok(&["image", "inspect", SNIPPET_IMAGE]) {
-        return true;
-    }
-    if std::env::var("PLIMSOLL_TEST_DOCKER_SKIP").as_deref() == Ok("1") {
-        eprintln!("PLIMSOLL_TEST_DOCKER_SKIP=1: skipping the docker grant tests");
-        return false;
-    }
-    panic!("docker or {SNIPPET_IMAGE} is missing (set PLIMSOLL_TEST_DOCKER_SKIP=1 to skip)");
-}
 
 fn docker_daemon(f: &Fixture) -> Daemon {
     let mut extra = vec![("SANDBOX_PROVIDER", "docker")];
@@ -88,7 +62,7 @@ fn docker_snippets_reach_only_their_grant_and_never_the_credential() {
     }
     let f = Fixture::start();
     let d = docker_daemon(&f);
-    let tier = if runsc() { "kernel" } else { "container" };
+    let tier = tier();
     assert_eq!(d.listening["isolation"], tier, "{}", d.listening);
 
     // Granted: the client works, the socket and its variable are there, nothing leaks.

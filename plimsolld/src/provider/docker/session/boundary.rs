@@ -45,22 +45,9 @@ struct Listed {
 /// 2147483647`; answers their identities.
 pub async fn baseline(engine: &Engine, container: &str, user: &str) -> Result<Vec<String>, String> {
     let command = ["node".to_owned(), "-e".to_owned(), LISTER.to_owned()];
-    let argv = exec::env_argv(&[], &command);
-    let out = exec::run(
-        engine,
-        container,
-        &ExecSpec {
-            argv: &argv,
-            user,
-            workdir: None,
-            stdin: &[],
-            stdout_cap: LISTER_OUTPUT_CAP,
-            stderr_cap: SWEEP_OUTPUT_CAP,
-            deadline: Instant::now() + BUDGET,
-        },
-    )
-    .await
-    .map_err(|e| e.to_string())?;
+    let out = run_bounded(engine, container, user, &command, LISTER_OUTPUT_CAP)
+        .await
+        .map_err(|e| e.to_string())?;
     if out.exit_code != Some(0) || out.stdout_truncated {
         return Err(format!(
             "the process lister ended with {:?} (timed out: {})",
@@ -142,7 +129,18 @@ async fn launch(
         MOUNTS.to_owned(),
     ];
     command.extend(keep.iter().cloned());
-    let argv = exec::env_argv(&[], &command);
+    run_bounded(engine, container, user, &command, SWEEP_OUTPUT_CAP).await
+}
+
+/// Runs one of the boundary's programs under an empty environment, within [`BUDGET`].
+async fn run_bounded(
+    engine: &Engine,
+    container: &str,
+    user: &str,
+    command: &[String],
+    stdout_cap: usize,
+) -> Result<exec::ExecOutcome, exec::ExecError> {
+    let argv = exec::env_argv(&[], command);
     exec::run(
         engine,
         container,
@@ -151,7 +149,7 @@ async fn launch(
             user,
             workdir: None,
             stdin: &[],
-            stdout_cap: SWEEP_OUTPUT_CAP,
+            stdout_cap,
             stderr_cap: SWEEP_OUTPUT_CAP,
             deadline: Instant::now() + BUDGET,
         },
