@@ -389,6 +389,44 @@ fn an_exhausted_budget_is_refused() {
 }
 
 #[test]
+fn a_grant_sent_in_full_is_refused_before_anything_runs() {
+    let f = Fixture::start();
+    let d = f.wasm();
+    let raw = json!({
+        "base_url": f.api.base_url(),
+        "allow": ["GET /items/*"],
+        "token": {"type": "static", "env": "INV_SECRET"}
+    });
+    for body in [
+        json!({"protocol": connect::PROTOCOL, "javascript": {
+            "code": "await host.get('/items/7')", "grant": raw }}),
+        json!({"protocol": connect::PROTOCOL, "grant": raw,
+            "javascript": {"code": "console.log(1)"}}),
+        json!({"protocol": connect::PROTOCOL, "project": {
+            "steps": ["true"], "grants": [raw] }}),
+    ] {
+        let resp = connect::call_as(&f.alice, "Run", &body).send(d.addr);
+        let err = ConnectError::of(&resp);
+        assert_eq!(err.code, "invalid_argument", "{resp}");
+        assert!(err.message.contains("grant_profile"), "{err:?}");
+        assert_eq!(
+            err.not_dispatched(),
+            Some(Reason::Request.detail_bytes()),
+            "{err:?}"
+        );
+    }
+    assert!(f.api.requests().is_empty(), "{:?}", f.api.requests());
+    // Naming the profile is the way, and it works.
+    let out = run(
+        d.addr,
+        &f.alice,
+        "console.log(JSON.stringify(await host.get('/items/7')))",
+        "inv",
+    );
+    assert_eq!(out.stdout, "{\"id\":7}\n", "{out:?}");
+}
+
+#[test]
 fn a_slow_api_does_not_keep_the_run_past_its_deadline() {
     let f = Fixture::start();
     let d = f.wasm();

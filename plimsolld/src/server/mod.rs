@@ -6,7 +6,8 @@
 //! 4. [`authenticate`] — credentials and scope, before any body byte is read;
 //! 5. [`body_limit`] — the 8 MiB cap on a declared body;
 //! 6. [`decode_gate`] — at most `2 × max_concurrent` bodies being read at once;
-//! 7. the Connect service, whose handlers mark the procedure reached.
+//! 7. [`raw_grant`] — a grant sent in full (not named by profile) is refused;
+//! 8. the Connect service, whose handlers mark the procedure reached.
 //!
 //! Each layer is one file. [`listener`] runs the accept loop around them.
 
@@ -18,6 +19,7 @@ pub mod exchange;
 pub mod listener;
 pub mod metrics_listener;
 pub mod probes;
+pub mod raw_grant;
 pub mod routing;
 pub mod tls;
 pub mod unread_body;
@@ -212,7 +214,10 @@ pub type Stack = unread_body::UnreadBody<
             routing::Routing,
             Layered<
                 authenticate::Authenticate,
-                Layered<body_limit::BodyLimit, Layered<decode_gate::DecodeGate, ConnectInner>>,
+                Layered<
+                    body_limit::BodyLimit,
+                    Layered<decode_gate::DecodeGate, Layered<raw_grant::RawGrant, ConnectInner>>,
+                >,
             >,
         >,
     >,
@@ -246,6 +251,7 @@ impl Pipeline {
             .layer_fn(layer(decode_gate::DecodeGate::new(Arc::new(
                 decode_gate::Gate::new(self.decode_slots),
             ))))
+            .layer_fn(layer(raw_grant::RawGrant))
             .service(connect)
     }
 }
