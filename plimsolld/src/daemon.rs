@@ -229,7 +229,7 @@ pub async fn run(config: Config) -> Result<(), StartupError> {
     sessions.drain(DRAIN_BUDGET).await;
     provider.drain(DRAIN_BUDGET).await;
     // After the drain: no run still needs its grant.
-    grants.shutdown();
+    grants.shutdown().await;
     let _ = metrics_stop_tx.send(());
     if let Some(t) = metrics_task {
         let _ = tokio::time::timeout(Duration::from_secs(10), t).await;

@@ -273,16 +273,20 @@ impl Grants {
     }
 
     /// Stops a supervised broker child (at shutdown, after the drain).
-    pub fn shutdown(&self) {
+    pub async fn shutdown(&self) {
         if let Some(child) = self.live.as_ref().and_then(|l| l.child.as_ref()) {
-            child.stop();
+            child.stop_and_wait().await;
         }
     }
 }
 
 impl Drop for Grants {
+    /// A handle dropped without [`Grants::shutdown`] (a startup that failed later) still
+    /// stops its child; the supervising task ends it.
     fn drop(&mut self) {
-        self.shutdown();
+        if let Some(child) = self.live.as_ref().and_then(|l| l.child.as_ref()) {
+            child.stop();
+        }
     }
 }
 

@@ -36,6 +36,8 @@ const STALE_AFTER: Duration = Duration::from_secs(60);
 const FIRST_BACKOFF: Duration = Duration::from_secs(1);
 /// The longest pause before a restart.
 const MAX_BACKOFF: Duration = Duration::from_secs(30);
+/// How long a stopped child has to exit after SIGTERM.
+const END_GRACE: Duration = Duration::from_secs(3);
 /// A child that lived this long resets the backoff.
 const HEALTHY_LIFE: Duration = Duration::from_secs(60);
 
@@ -44,11 +46,14 @@ pub(super) struct Supervisor {
     dir: PathBuf,
     socket: PathBuf,
     shared: Arc<Shared>,
+    task: Mutex<Option<tokio::task::JoinHandle<()>>>,
 }
 
 /// What the supervising task and the handle share.
 struct Shared {
-    pid: Mutex<Option<u32>>,
+    /// Wakes the supervising task to end the child: only that task signals or reaps it, so
+    /// a signal can never reach a pid the kernel already gave to another process.
+    stop: tokio::sync::Notify,
     exited: Mutex<Option<String>>,
     stopping: AtomicBool,
     live: Mutex<Weak<Live>>,
@@ -83,16 +88,17 @@ impl Supervisor {
             source,
         })?;
         let shared = Arc::new(Shared {
-            pid: Mutex::new(first.id()),
+            stop: tokio::sync::Notify::new(),
             exited: Mutex::new(None),
             stopping: AtomicBool::new(false),
             live: Mutex::new(Weak::new()),
         });
-        tokio::spawn(keep(first, binary, socket.clone(), shared.clone()));
+        let task = tokio::spawn(keep(first, binary, socket.clone(), shared.clone()));
         Ok(Supervisor {
             dir,
             socket,
             shared,
+            task: Mutex::new(Some(task)),
         })
     }
 
@@ -111,16 +117,22 @@ impl Supervisor {
         *lock(&self.shared.live) = live;
     }
 
-    /// Stops the child (SIGTERM) and restarts no more.
+    /// [`stop`](Self::stop), then waits until the child has exited (bounded by the grace).
+    pub(super) async fn stop_and_wait(&self) {
+        self.stop();
+        let task = lock(&self.task).take();
+        if let Some(task) = task {
+            let _ = tokio::time::timeout(END_GRACE + Duration::from_secs(1), task).await;
+        }
+    }
+
+    /// Stops the child (SIGTERM, then SIGKILL after a grace) and restarts no more.
     pub(super) fn stop(&self) {
         if self.shared.stopping.swap(true, Ordering::SeqCst) {
             return;
         }
-        if let Some(pid) = *lock(&self.shared.pid)
-            && let Ok(pid) = i32::try_from(pid)
-        {
-            let _ = kill(Pid::from_raw(pid), Signal::SIGTERM);
-        }
+        // A stored permit: the task sees it even if it is not waiting at this moment.
+        self.shared.stop.notify_one();
         let _ = std::fs::remove_dir_all(&self.dir);
     }
 }
@@ -216,11 +228,16 @@ async fn keep(mut child: Child, binary: PathBuf, socket: PathBuf, shared: Arc<Sh
     let mut backoff = FIRST_BACKOFF;
     loop {
         let born = Instant::now();
-        let status = match child.wait().await {
-            Ok(s) => s.to_string(),
-            Err(e) => format!("wait failed: {e}"),
+        let status = tokio::select! {
+            waited = child.wait() => match waited {
+                Ok(s) => s.to_string(),
+                Err(e) => format!("wait failed: {e}"),
+            },
+            () = shared.stop.notified() => {
+                end(&mut child).await;
+                return;
+            }
         };
-        *lock(&shared.pid) = None;
         if shared.stopping.load(Ordering::SeqCst) {
             return;
         }
@@ -237,7 +254,10 @@ async fn keep(mut child: Child, binary: PathBuf, socket: PathBuf, shared: Arc<Sh
             "broker child exited; restarting it"
         );
         child = loop {
-            tokio::time::sleep(backoff).await;
+            tokio::select! {
+                () = tokio::time::sleep(backoff) => {}
+                () = shared.stop.notified() => return,
+            }
             backoff = (backoff * 2).min(MAX_BACKOFF);
             if shared.stopping.load(Ordering::SeqCst) {
                 return;
@@ -249,11 +269,23 @@ async fn keep(mut child: Child, binary: PathBuf, socket: PathBuf, shared: Arc<Sh
                 }
             }
         };
-        *lock(&shared.pid) = child.id();
         // A stop that raced the restart must not leave the new child running.
         if shared.stopping.load(Ordering::SeqCst) {
-            let _ = child.start_kill();
+            end(&mut child).await;
             return;
         }
+    }
+}
+
+/// Ends the child: SIGTERM first, so the broker revokes its open runs and removes their
+/// sockets, SIGKILL if it has not exited within [`END_GRACE`]. Only the supervising task
+/// calls this, before it has reaped the child, so the pid is still the child's own.
+async fn end(child: &mut Child) {
+    if let Some(pid) = child.id().and_then(|p| i32::try_from(p).ok()) {
+        let _ = kill(Pid::from_raw(pid), Signal::SIGTERM);
+    }
+    if tokio::time::timeout(END_GRACE, child.wait()).await.is_err() {
+        let _ = child.start_kill();
+        let _ = child.wait().await;
     }
 }
