@@ -4,7 +4,9 @@
 //! `text/plain; version=0.0.4` exposition with exact family names, and all
 //! five shed reasons are always printed, even at zero.
 
+use std::collections::BTreeMap;
 use std::fmt::Write as _;
+use std::sync::Mutex;
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 
 /// Why admission shed a request (the `reason` label of `plimsoll_shed_total`).
@@ -49,6 +51,8 @@ pub struct Metrics {
     runs_failed: AtomicU64,
     inflight: AtomicI64,
     shed: [AtomicU64; 5],
+    /// Brokered calls by (profile, method, route template), from each run's summary.
+    host_calls: Mutex<BTreeMap<(String, String, String), u64>>,
 }
 
 impl Metrics {
@@ -74,6 +78,22 @@ impl Metrics {
             .position(|r| *r == reason)
             .unwrap_or(0);
         self.shed[i].fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// A granted run's brokered calls: `routes` maps `"METHOD /template"` (a grant route,
+    /// never a raw path) to its count, as the broker's run summary states them.
+    pub fn host_calls<'a>(
+        &self,
+        profile: &str,
+        routes: impl IntoIterator<Item = (&'a String, &'a u64)>,
+    ) {
+        let mut calls = self.host_calls.lock().unwrap_or_else(|e| e.into_inner());
+        for (route, n) in routes {
+            let (method, template) = route.split_once(' ').unwrap_or(("", route.as_str()));
+            *calls
+                .entry((profile.to_owned(), method.to_owned(), template.to_owned()))
+                .or_default() += n;
+        }
     }
 
     /// The exposition text.
@@ -111,8 +131,27 @@ impl Metrics {
                 n.load(Ordering::Relaxed)
             );
         }
+        out.push_str("# HELP plimsoll_host_calls_total Brokered host-API calls, by grant profile, method and route template.\n# TYPE plimsoll_host_calls_total counter\n");
+        let calls = self.host_calls.lock().unwrap_or_else(|e| e.into_inner());
+        for ((profile, method, route), n) in calls.iter() {
+            let _ = writeln!(
+                out,
+                "plimsoll_host_calls_total{{profile=\"{}\",method=\"{}\",route=\"{}\"}} {n}",
+                label(profile),
+                label(method),
+                label(route)
+            );
+        }
         out
     }
+}
+
+/// A label value as the text format writes it: `\`, `"` and newline escaped.
+fn label(value: &str) -> String {
+    value
+        .replace('\\', "\\\\")
+        .replace('"', "\\\"")
+        .replace('\n', "\\n")
 }
 
 #[cfg(test)]
@@ -134,6 +173,33 @@ mod tests {
                 "{r}"
             );
         }
+    }
+
+    #[test]
+    fn host_calls_are_counted_by_profile_method_and_route_with_labels_escaped() {
+        let m = Metrics::default();
+        let routes: BTreeMap<String, u64> = [
+            ("GET /items/*".to_owned(), 2),
+            ("POST /items".to_owned(), 1),
+        ]
+        .into();
+        m.host_calls("inv", &routes);
+        m.host_calls("inv", &routes);
+        m.host_calls("a\"b", &BTreeMap::from([("GET /x".to_owned(), 1)]));
+        let text = m.render();
+        assert!(
+            text.contains(
+                "plimsoll_host_calls_total{profile=\"inv\",method=\"GET\",route=\"/items/*\"} 4"
+            ),
+            "{text}"
+        );
+        assert!(
+            text.contains(
+                "plimsoll_host_calls_total{profile=\"inv\",method=\"POST\",route=\"/items\"} 2"
+            ),
+            "{text}"
+        );
+        assert!(text.contains("profile=\"a\\\"b\""), "{text}");
     }
 
     #[test]

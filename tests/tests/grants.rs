@@ -259,7 +259,12 @@ pub fn eventually(what: &str, within: Duration, mut check: impl FnMut() -> bool)
 #[test]
 fn an_allowed_route_reaches_the_api_with_a_jwt_naming_the_caller() {
     let f = Fixture::start();
-    let d = f.wasm();
+    wasm::warm_cache();
+    let env = f.env(&[
+        ("SANDBOX_PROVIDER", "wasm"),
+        ("PLIMSOLL_METRICS_ADDR", "127.0.0.1:0"),
+    ]);
+    let d = Daemon::start(&borrowed(&env));
     let out = run(
         d.addr,
         &f.alice,
@@ -295,6 +300,17 @@ fn an_allowed_route_reaches_the_api_with_a_jwt_naming_the_caller() {
             .iter()
             .any(|r| r["msg"] == "code run" && r["grant_profile"] == "inv" && r["host_calls"] == 2)
     });
+    // And /metrics counts them by profile, method and route template (never the raw path).
+    let metrics = Request::get("/metrics")
+        .send(d.metrics_addr.expect("metrics listener on"))
+        .text();
+    for line in [
+        r#"plimsoll_host_calls_total{profile="inv",method="GET",route="/items/*"} 1"#,
+        r#"plimsoll_host_calls_total{profile="inv",method="POST",route="/items"} 1"#,
+    ] {
+        assert!(metrics.contains(line), "{line} in\n{metrics}");
+    }
+    assert!(!metrics.contains("/items/7"), "{metrics}");
 }
 
 #[test]

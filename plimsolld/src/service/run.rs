@@ -144,6 +144,11 @@ impl Dispatch {
             Some(grant) => grant.close().await,
             None => None,
         };
+        if let Some(summary) = &host_calls {
+            self.state
+                .metrics
+                .host_calls(grant_profile(&self.req), &summary.routes);
+        }
         let outcome = outcome.map_err(|e| answer_error(e, &self.state.metrics))?;
         let resp = match outcome {
             Done::Snippet(out) => answer_snippet(
