@@ -131,8 +131,11 @@ impl Metrics {
                 n.load(Ordering::Relaxed)
             );
         }
-        out.push_str("# HELP plimsoll_host_calls_total Brokered host-API calls, by grant profile, method and route template.\n# TYPE plimsoll_host_calls_total counter\n");
+        // The family appears with its first series (config.md §7 omits empty ones).
         let calls = self.host_calls.lock().unwrap_or_else(|e| e.into_inner());
+        if !calls.is_empty() {
+            out.push_str("# HELP plimsoll_host_calls_total Brokered host-API calls, by grant profile, method and route template.\n# TYPE plimsoll_host_calls_total counter\n");
+        }
         for ((profile, method, route), n) in calls.iter() {
             let _ = writeln!(
                 out,
@@ -178,6 +181,7 @@ mod tests {
     #[test]
     fn host_calls_are_counted_by_profile_method_and_route_with_labels_escaped() {
         let m = Metrics::default();
+        assert!(!m.render().contains("plimsoll_host_calls_total"));
         let routes: BTreeMap<String, u64> = [
             ("GET /items/*".to_owned(), 2),
             ("POST /items".to_owned(), 1),

@@ -14,6 +14,8 @@ use serde_json::Value;
 /// How long a daemon may take to log `plimsolld listening`.
 const START_TIMEOUT: Duration = Duration::from_secs(30);
 
+/// How long a dropped daemon may take to drain after SIGTERM before it is killed.
+const DROP_GRACE: Duration = Duration::from_secs(20);
 /// How long a process may take to exit after SIGTERM, or a refused start to exit.
 const EXIT_TIMEOUT: Duration = Duration::from_secs(30);
 
@@ -101,7 +103,7 @@ fn command(bin: &Path, args: &[&str], env: &[(&str, &str)]) -> Command {
 
 // === impl Daemon ===
 
-/// A running `plimsolld`, killed when dropped.
+/// A running `plimsolld`, stopped (SIGTERM, then SIGKILL) when dropped.
 pub struct Daemon {
     child: Child,
     /// The RPC listener's bound address, from the listening line.
@@ -275,11 +277,25 @@ impl Daemon {
 }
 
 impl Drop for Daemon {
+    /// SIGTERM first, so the daemon drains as in production: its containers (a docker
+    /// pool's included) are removed and a supervised broker is stopped, and no test leaves
+    /// anything behind. SIGKILL only if it has not exited within [`DROP_GRACE`].
     fn drop(&mut self) {
-        if self.exited.is_none() {
-            let _ = self.child.kill();
-            let _ = self.child.wait();
+        if self.exited.is_some() {
+            return;
         }
+        let pid = rustix::process::Pid::from_child(&self.child);
+        if rustix::process::kill_process(pid, rustix::process::Signal::TERM).is_ok() {
+            let deadline = Instant::now() + DROP_GRACE;
+            while Instant::now() < deadline {
+                if matches!(self.child.try_wait(), Ok(Some(_))) {
+                    return;
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        }
+        let _ = self.child.kill();
+        let _ = self.child.wait();
     }
 }
 
