@@ -23,6 +23,8 @@
 mod container;
 mod engine;
 pub(crate) mod exec;
+#[cfg(feature = "fuzzing")]
+pub mod fuzzing;
 mod lockdown;
 mod orphans;
 mod output;

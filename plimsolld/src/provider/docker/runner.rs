@@ -46,6 +46,24 @@ impl ReportKey {
         ReportKey(rand::random())
     }
 
+    /// A key of the given bytes (for the fuzz targets, which must also make valid frames).
+    #[cfg(feature = "fuzzing")]
+    pub fn from_bytes(bytes: [u8; 32]) -> ReportKey {
+        ReportKey(bytes)
+    }
+
+    /// The frame header line for `body` under this key, as the runner writes it.
+    #[cfg(feature = "fuzzing")]
+    pub fn frame(&self, body: &[u8]) -> Vec<u8> {
+        let mut out = b"\n".to_vec();
+        out.extend_from_slice(REPORT_MARKER);
+        out.extend_from_slice(
+            format!("{} {}\n", body.len(), hex::encode(self.mac(body))).as_bytes(),
+        );
+        out.extend_from_slice(body);
+        out
+    }
+
     fn mac(&self, message: &[u8]) -> [u8; 32] {
         hmac_sha256(&self.0, message)
     }

@@ -27,8 +27,8 @@
 //! [`frames`] (the relay's frames as the host reads them), [`identity`]
 //! (`pid:starttime:cmdlinehex`).
 
-mod frames;
-mod identity;
+pub(in crate::provider::docker) mod frames;
+pub(in crate::provider::docker) mod identity;
 mod launch;
 #[cfg(test)]
 mod tests;
