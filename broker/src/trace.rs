@@ -5,7 +5,7 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use crate::control::protocol::RunSummary;
+use crate::control::protocol::{CallLatency, RunSummary};
 
 /// Rows kept per run, whatever the budget.
 pub const MAX_ROWS: usize = 256;
@@ -17,7 +17,7 @@ pub struct TraceRow {
     pub sequence: u64,
     /// Upper-case method.
     pub method: String,
-    /// The matched `allow` template.
+    /// The matched `allow` entry, `"METHOD /template"`.
     pub route: String,
     /// The upstream status (0 when the call never got one).
     pub status: u16,
@@ -71,6 +71,14 @@ impl Trace {
             shed: self.shed,
             dropped: self.dropped,
             routes: self.routes.clone(),
+            latencies: self
+                .rows
+                .iter()
+                .map(|r| CallLatency {
+                    route: r.route.clone(),
+                    micros: u64::try_from(r.latency.as_micros()).unwrap_or(u64::MAX),
+                })
+                .collect(),
         }
     }
 }

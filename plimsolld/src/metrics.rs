@@ -9,6 +9,8 @@ use std::fmt::Write as _;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 
+use broker::control::protocol::RunSummary;
+
 /// Why admission shed a request (the `reason` label of `plimsoll_shed_total`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ShedReason {
@@ -52,7 +54,44 @@ pub struct Metrics {
     inflight: AtomicI64,
     shed: [AtomicU64; 5],
     /// Brokered calls by (profile, method, route template), from each run's summary.
-    host_calls: Mutex<BTreeMap<(String, String, String), u64>>,
+    host_calls: Mutex<BTreeMap<Series, u64>>,
+    /// Their time upstream, by the same labels.
+    host_latency: Mutex<BTreeMap<Series, Histogram>>,
+}
+
+/// The labels of a host-call series: profile, method, route template.
+type Series = (String, String, String);
+
+/// The buckets of `plimsoll_host_call_latency_seconds` (config.md §7), in seconds; `+Inf`
+/// is the count.
+const LATENCY_BUCKETS: [f64; 12] = [
+    0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
+];
+
+/// One latency histogram: cumulative bucket counts, the count and the sum.
+#[derive(Debug, Default)]
+struct Histogram {
+    buckets: [u64; LATENCY_BUCKETS.len()],
+    count: u64,
+    sum: f64,
+}
+
+impl Histogram {
+    fn observe(&mut self, seconds: f64) {
+        for (bucket, bound) in self.buckets.iter_mut().zip(LATENCY_BUCKETS) {
+            if seconds <= bound {
+                *bucket += 1;
+            }
+        }
+        self.count += 1;
+        self.sum += seconds;
+    }
+}
+
+/// `"METHOD /template"` as the (profile, method, route) labels.
+fn series(profile: &str, route: &str) -> Series {
+    let (method, template) = route.split_once(' ').unwrap_or(("", route));
+    (profile.to_owned(), method.to_owned(), template.to_owned())
 }
 
 impl Metrics {
@@ -80,19 +119,20 @@ impl Metrics {
         self.shed[i].fetch_add(1, Ordering::Relaxed);
     }
 
-    /// A granted run's brokered calls: `routes` maps `"METHOD /template"` (a grant route,
-    /// never a raw path) to its count, as the broker's run summary states them.
-    pub fn host_calls<'a>(
-        &self,
-        profile: &str,
-        routes: impl IntoIterator<Item = (&'a String, &'a u64)>,
-    ) {
+    /// A granted run's brokered calls, as the broker's run summary states them: counts and
+    /// latencies by `"METHOD /template"` (a grant route, never a raw path).
+    pub fn host_calls(&self, profile: &str, summary: &RunSummary) {
         let mut calls = self.host_calls.lock().unwrap_or_else(|e| e.into_inner());
-        for (route, n) in routes {
-            let (method, template) = route.split_once(' ').unwrap_or(("", route.as_str()));
-            *calls
-                .entry((profile.to_owned(), method.to_owned(), template.to_owned()))
-                .or_default() += n;
+        for (route, n) in &summary.routes {
+            *calls.entry(series(profile, route)).or_default() += n;
+        }
+        drop(calls);
+        let mut latency = self.host_latency.lock().unwrap_or_else(|e| e.into_inner());
+        for call in &summary.latencies {
+            latency
+                .entry(series(profile, &call.route))
+                .or_default()
+                .observe(call.micros as f64 / 1e6);
         }
     }
 
@@ -136,17 +176,46 @@ impl Metrics {
         if !calls.is_empty() {
             out.push_str("# HELP plimsoll_host_calls_total Brokered host-API calls, by grant profile, method and route template.\n# TYPE plimsoll_host_calls_total counter\n");
         }
-        for ((profile, method, route), n) in calls.iter() {
+        for (labels, n) in calls.iter() {
             let _ = writeln!(
                 out,
-                "plimsoll_host_calls_total{{profile=\"{}\",method=\"{}\",route=\"{}\"}} {n}",
-                label(profile),
-                label(method),
-                label(route)
+                "plimsoll_host_calls_total{{{}}} {n}",
+                labels_of(labels)
+            );
+        }
+        drop(calls);
+        let latency = self.host_latency.lock().unwrap_or_else(|e| e.into_inner());
+        if !latency.is_empty() {
+            out.push_str("# HELP plimsoll_host_call_latency_seconds Time brokered host-API calls spent upstream.\n# TYPE plimsoll_host_call_latency_seconds histogram\n");
+        }
+        for (labels, h) in latency.iter() {
+            let labels = labels_of(labels);
+            for (bound, n) in LATENCY_BUCKETS.iter().zip(h.buckets) {
+                let _ = writeln!(
+                    out,
+                    "plimsoll_host_call_latency_seconds_bucket{{{labels},le=\"{bound}\"}} {n}"
+                );
+            }
+            let _ = writeln!(
+                out,
+                "plimsoll_host_call_latency_seconds_bucket{{{labels},le=\"+Inf\"}} {}\n\
+                 plimsoll_host_call_latency_seconds_sum{{{labels}}} {}\n\
+                 plimsoll_host_call_latency_seconds_count{{{labels}}} {}",
+                h.count, h.sum, h.count
             );
         }
         out
     }
+}
+
+/// `profile="…",method="…",route="…"`, escaped.
+fn labels_of((profile, method, route): &Series) -> String {
+    format!(
+        "profile=\"{}\",method=\"{}\",route=\"{}\"",
+        label(profile),
+        label(method),
+        label(route)
+    )
 }
 
 /// A label value as the text format writes it: `\`, `"` and newline escaped.
@@ -180,29 +249,53 @@ mod tests {
 
     #[test]
     fn host_calls_are_counted_by_profile_method_and_route_with_labels_escaped() {
+        use broker::control::protocol::CallLatency;
         let m = Metrics::default();
-        assert!(!m.render().contains("plimsoll_host_calls_total"));
-        let routes: BTreeMap<String, u64> = [
-            ("GET /items/*".to_owned(), 2),
-            ("POST /items".to_owned(), 1),
-        ]
-        .into();
-        m.host_calls("inv", &routes);
-        m.host_calls("inv", &routes);
-        m.host_calls("a\"b", &BTreeMap::from([("GET /x".to_owned(), 1)]));
         let text = m.render();
-        assert!(
-            text.contains(
-                "plimsoll_host_calls_total{profile=\"inv\",method=\"GET\",route=\"/items/*\"} 4"
-            ),
-            "{text}"
+        assert!(!text.contains("plimsoll_host_call"), "{text}");
+        let summary = RunSummary {
+            routes: [
+                ("GET /items/*".to_owned(), 2),
+                ("POST /items".to_owned(), 1),
+            ]
+            .into(),
+            latencies: vec![
+                CallLatency {
+                    route: "GET /items/*".to_owned(),
+                    micros: 3_000,
+                },
+                CallLatency {
+                    route: "GET /items/*".to_owned(),
+                    micros: 700_000,
+                },
+            ],
+            ..RunSummary::default()
+        };
+        m.host_calls("inv", &summary);
+        m.host_calls("inv", &summary);
+        m.host_calls(
+            "a\"b",
+            &RunSummary {
+                routes: [("GET /x".to_owned(), 1)].into(),
+                ..RunSummary::default()
+            },
         );
-        assert!(
-            text.contains(
-                "plimsoll_host_calls_total{profile=\"inv\",method=\"POST\",route=\"/items\"} 2"
-            ),
-            "{text}"
-        );
+        let text = m.render();
+        let labels = "profile=\"inv\",method=\"GET\",route=\"/items/*\"";
+        for line in [
+            format!("plimsoll_host_calls_total{{{labels}}} 4"),
+            "plimsoll_host_calls_total{profile=\"inv\",method=\"POST\",route=\"/items\"} 2"
+                .to_owned(),
+            format!("plimsoll_host_call_latency_seconds_bucket{{{labels},le=\"0.001\"}} 0"),
+            format!("plimsoll_host_call_latency_seconds_bucket{{{labels},le=\"0.005\"}} 2"),
+            format!("plimsoll_host_call_latency_seconds_bucket{{{labels},le=\"0.5\"}} 2"),
+            format!("plimsoll_host_call_latency_seconds_bucket{{{labels},le=\"1\"}} 4"),
+            format!("plimsoll_host_call_latency_seconds_bucket{{{labels},le=\"+Inf\"}} 4"),
+            format!("plimsoll_host_call_latency_seconds_count{{{labels}}} 4"),
+            "# TYPE plimsoll_host_call_latency_seconds histogram".to_owned(),
+        ] {
+            assert!(text.contains(&line), "{line} in:\n{text}");
+        }
         assert!(text.contains("profile=\"a\\\"b\""), "{text}");
     }
 

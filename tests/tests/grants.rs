@@ -307,6 +307,8 @@ fn an_allowed_route_reaches_the_api_with_a_jwt_naming_the_caller() {
     for line in [
         r#"plimsoll_host_calls_total{profile="inv",method="GET",route="/items/*"} 1"#,
         r#"plimsoll_host_calls_total{profile="inv",method="POST",route="/items"} 1"#,
+        r#"plimsoll_host_call_latency_seconds_count{profile="inv",method="GET",route="/items/*"} 1"#,
+        r#"plimsoll_host_call_latency_seconds_bucket{profile="inv",method="POST",route="/items",le="+Inf"} 1"#,
     ] {
         assert!(metrics.contains(line), "{line} in\n{metrics}");
     }

@@ -111,6 +111,19 @@ pub struct RunSummary {
     pub dropped: u64,
     /// `"METHOD /template"` → calls that matched that route.
     pub routes: BTreeMap<String, u64>,
+    /// Each forwarded call kept in the trace (at most 256): its route and time upstream.
+    #[serde(default)]
+    pub latencies: Vec<CallLatency>,
+}
+
+/// How long one forwarded call spent upstream.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CallLatency {
+    /// `"METHOD /template"`: the grant route, never the raw path.
+    pub route: String,
+    /// Microseconds from the request to the end of the response.
+    pub micros: u64,
 }
 
 /// A request the broker would not carry out.

@@ -147,7 +147,7 @@ impl Dispatch {
         if let Some(summary) = &host_calls {
             self.state
                 .metrics
-                .host_calls(grant_profile(&self.req), &summary.routes);
+                .host_calls(grant_profile(&self.req), summary);
         }
         let outcome = outcome.map_err(|e| answer_error(e, &self.state.metrics))?;
         let resp = match outcome {
