@@ -219,7 +219,8 @@ pub fn not_dispatched_detail(reason: Reason) -> ErrorDetail {
     ErrorDetail::from_message(NOT_DISPATCHED_TYPE, &msg)
 }
 
-fn session_ended_detail(reason: SessionEnd, detail: &str) -> ErrorDetail {
+/// The `SessionEnded{reason, detail}` error detail.
+pub fn session_ended_detail(reason: SessionEnd, detail: &str) -> ErrorDetail {
     let msg = SessionEnded {
         reason: reason.into(),
         detail: detail.to_owned(),

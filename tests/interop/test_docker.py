@@ -24,7 +24,7 @@ import re
 import subprocess
 import sys
 import unittest
-from typing import Optional
+from typing import Dict, Optional
 
 # The shared plimsolld_process module sits beside this file; -I leaves it off sys.path.
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
@@ -61,14 +61,16 @@ class DockerDaemon(Plimsolld):
 
     token: str
 
-    def __init__(self, runtime: str) -> None:
-        env = {"SANDBOX_PROVIDER": "docker"}
+    def __init__(self, runtime: str, extra: Optional[Dict[str, str]] = None) -> None:
+        env = {"SANDBOX_PROVIDER": "docker", **(extra or {})}
         if runtime != "runc":
             env["SANDBOX_DOCKER_RUNTIME"] = runtime
         super().__init__(env, start_timeout=START_TIMEOUT, stop_timeout=60.0, token=True)
 
 
-class DockerInteropTest(unittest.TestCase):
+class NeedsDocker(unittest.TestCase):
+    """Fails each test when docker or an image is missing, unless PLIMSOLL_TEST_DOCKER_SKIP=1."""
+
     def setUp(self) -> None:
         problem = docker_problem()
         if problem is None:
@@ -76,6 +78,9 @@ class DockerInteropTest(unittest.TestCase):
         if os.environ.get("PLIMSOLL_TEST_DOCKER_SKIP") == "1":
             self.skipTest(f"PLIMSOLL_TEST_DOCKER_SKIP=1: {problem}")
         self.fail(f"{problem} (set PLIMSOLL_TEST_DOCKER_SKIP=1 to skip on a developer machine)")
+
+
+class DockerInteropTest(NeedsDocker):
 
     def test_six_times_seven_under_each_runtime_with_a_verified_record(self) -> None:
         image_id = docker("image", "inspect", "--format", "{{.Id}}", SNIPPET_IMAGE).stdout.strip()

@@ -15,7 +15,6 @@ missing the test FAILS unless PLIMSOLL_TEST_DOCKER_SKIP=1.
 
 from __future__ import annotations
 
-import os
 import pathlib
 import sys
 import time
@@ -25,33 +24,19 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 sys.dont_write_bytecode = True
 
 import plimsoll_client as pc  # noqa: E402
-from plimsolld_process import Plimsolld  # noqa: E402
-from test_docker import RUNTIMES, START_TIMEOUT, TIERS, docker_problem  # noqa: E402
+from test_docker import RUNTIMES, TIERS, DockerDaemon, NeedsDocker  # noqa: E402
 
 REQUEST_TIMEOUT = 60.0
 
 
-class SessionDaemon(Plimsolld):
+class SessionDaemon(DockerDaemon):
     """plimsolld with the docker provider, sessions on and a fresh token."""
 
-    token: str
-
     def __init__(self, runtime: str) -> None:
-        env = {"SANDBOX_PROVIDER": "docker", "SANDBOX_MAX_SESSIONS": "4", "SANDBOX_RATE_PER_MIN": "0"}
-        if runtime != "runc":
-            env["SANDBOX_DOCKER_RUNTIME"] = runtime
-        super().__init__(env, start_timeout=START_TIMEOUT, stop_timeout=60.0, token=True)
+        super().__init__(runtime, {"SANDBOX_MAX_SESSIONS": "4", "SANDBOX_RATE_PER_MIN": "0"})
 
 
-class SessionInteropTest(unittest.TestCase):
-    def setUp(self) -> None:
-        problem = docker_problem()
-        if problem is None:
-            return
-        if os.environ.get("PLIMSOLL_TEST_DOCKER_SKIP") == "1":
-            self.skipTest(f"PLIMSOLL_TEST_DOCKER_SKIP=1: {problem}")
-        self.fail(f"{problem} (set PLIMSOLL_TEST_DOCKER_SKIP=1 to skip on a developer machine)")
-
+class SessionInteropTest(NeedsDocker):
     def test_a_session_keeps_files_chains_records_and_closes_with_matching_totals(self) -> None:
         for runtime in RUNTIMES:
             with self.subTest(runtime=runtime):

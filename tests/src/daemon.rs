@@ -281,22 +281,30 @@ impl Drop for Daemon {
     /// pool's included) are removed and a supervised broker is stopped, and no test leaves
     /// anything behind. SIGKILL only if it has not exited within [`DROP_GRACE`].
     fn drop(&mut self) {
-        if self.exited.is_some() {
-            return;
+        if self.exited.is_none() {
+            stop(&mut self.child, DROP_GRACE);
         }
-        let pid = rustix::process::Pid::from_child(&self.child);
-        if rustix::process::kill_process(pid, rustix::process::Signal::TERM).is_ok() {
-            let deadline = Instant::now() + DROP_GRACE;
-            while Instant::now() < deadline {
-                if matches!(self.child.try_wait(), Ok(Some(_))) {
-                    return;
-                }
-                std::thread::sleep(Duration::from_millis(20));
-            }
-        }
-        let _ = self.child.kill();
-        let _ = self.child.wait();
     }
+}
+
+/// Stops a child process: SIGTERM, then SIGKILL if it has not exited within `grace`. A child
+/// already reaped is left alone (its pid may belong to another process by now).
+pub fn stop(child: &mut Child, grace: Duration) {
+    if !matches!(child.try_wait(), Ok(None)) {
+        return;
+    }
+    let pid = rustix::process::Pid::from_child(child);
+    if rustix::process::kill_process(pid, rustix::process::Signal::TERM).is_ok() {
+        let deadline = Instant::now() + grace;
+        while Instant::now() < deadline {
+            if matches!(child.try_wait(), Ok(Some(_))) {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+    let _ = child.kill();
+    let _ = child.wait();
 }
 
 /// Collects stderr line by line and reports the listening line (or the end of the log).

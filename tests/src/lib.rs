@@ -47,4 +47,4 @@ mod clients_file;
 mod daemon;
 
 pub use clients_file::{ClientsFile, fresh_token};
-pub use daemon::{Daemon, Finished, binary, finish};
+pub use daemon::{Daemon, Finished, binary, finish, stop};

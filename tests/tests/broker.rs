@@ -125,19 +125,7 @@ impl Broker {
 impl Drop for Broker {
     /// SIGTERM first, so the broker revokes its open runs and removes their sockets.
     fn drop(&mut self) {
-        let _ = rustix::process::kill_process(
-            rustix::process::Pid::from_child(&self.child),
-            rustix::process::Signal::TERM,
-        );
-        let deadline = Instant::now() + Duration::from_secs(5);
-        while Instant::now() < deadline {
-            if matches!(self.child.try_wait(), Ok(Some(_))) {
-                return;
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+        plimsoll_tests::stop(&mut self.child, Duration::from_secs(5));
     }
 }
 

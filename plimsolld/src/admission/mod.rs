@@ -83,13 +83,7 @@ impl Admission {
             && !b.take(caller, Instant::now())
         {
             drop(s);
-            return Err(self.shed(
-                ShedReason::Rate,
-                format!(
-                    "rate limit: {} runs/min per caller, retry shortly",
-                    self.limits.rate_per_min
-                ),
-            ));
+            return Err(self.rate_refusal());
         }
         s.in_flight += 1;
         s.per_caller.insert(caller.to_owned(), mine + 1);
@@ -101,6 +95,17 @@ impl Admission {
         })
     }
 
+    /// The refusal of a caller out of rate tokens, counted as shed.
+    fn rate_refusal(&self) -> Refusal {
+        self.shed(
+            ShedReason::Rate,
+            format!(
+                "rate limit: {} runs/min per caller, retry shortly",
+                self.limits.rate_per_min
+            ),
+        )
+    }
+
     /// Charges `caller` one rate token without a slot: a session call, whose session
     /// already holds its slot (providers.md §10.2).
     pub fn charge(&self, caller: &str) -> Result<(), Refusal> {
@@ -109,13 +114,7 @@ impl Admission {
             && !b.take(caller, Instant::now())
         {
             drop(s);
-            return Err(self.shed(
-                ShedReason::Rate,
-                format!(
-                    "rate limit: {} runs/min per caller, retry shortly",
-                    self.limits.rate_per_min
-                ),
-            ));
+            return Err(self.rate_refusal());
         }
         Ok(())
     }

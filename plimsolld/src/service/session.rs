@@ -9,12 +9,12 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use buffa::MessageField;
 use connectrpc::{ConnectError, ErrorCode, ErrorDetail};
 use plimsoll::record::{self, Stamp};
-use plimsoll::refusal::{Refusal, SESSION_ENDED_TYPE, UNANSWERED_CALL_TYPE};
+use plimsoll::refusal::{Refusal, UNANSWERED_CALL_TYPE, session_ended_detail};
 use plimsoll::validate::{self, PayloadKind};
 use plimsoll::wire::{
     CellResult, CloseSessionRequest, CloseSessionResponse, OpenSessionRequest, OpenSessionResponse,
-    RunRecord, RunResponse, SessionEnd, SessionEnded, SessionRunRequest, SessionRunResponse,
-    UnansweredCall, run_response, session_run_request,
+    RunRecord, RunResponse, SessionEnd, SessionRunRequest, SessionRunResponse, UnansweredCall,
+    run_response, session_run_request,
 };
 
 use super::run::{check_floor, check_software};
@@ -442,15 +442,6 @@ fn sweep_after(sessions: Arc<Sessions>, entry: Arc<Entry>, mut turn: TurnGuard) 
             sessions.end(&entry, reason, &detail);
         }
     });
-}
-
-fn session_ended_detail(reason: SessionEnd, detail: &str) -> ErrorDetail {
-    let msg = SessionEnded {
-        reason: reason.into(),
-        detail: detail.to_owned(),
-        ..Default::default()
-    };
-    ErrorDetail::from_message(SESSION_ENDED_TYPE, &msg)
 }
 
 // === CloseSession ===
