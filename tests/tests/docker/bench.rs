@@ -123,33 +123,46 @@ fn bench_daemon_against_raw_docker_run() {
         .map(str::to_owned),
     );
     let code = "console.log(1)";
+    let (daemon_ms, raw_ms) = interleaved(
+        n,
+        || assert_eq!(run(&d, code, 10_000).stdout, "1\n"),
+        || assert_eq!(raw_run(&flags, code.as_bytes()), "1\n"),
+    );
+    stop(d);
+    report(runtime(), n, &daemon_ms, &raw_ms);
+}
+
+/// Times `daemon` and `raw` alternately, one warm-up of each first (not counted); answers
+/// both latency lists in ms, sorted.
+fn interleaved(n: usize, mut daemon: impl FnMut(), mut raw: impl FnMut()) -> (Vec<f64>, Vec<f64>) {
+    let timed = |f: &mut dyn FnMut()| {
+        let t = Instant::now();
+        f();
+        t.elapsed().as_secs_f64() * 1000.0
+    };
     let (mut daemon_ms, mut raw_ms) = (Vec::new(), Vec::new());
-    // One warm-up of each, not counted.
     for i in 0..=n {
-        let t = Instant::now();
-        let ran = run(&d, code, 10_000);
-        let daemon = t.elapsed().as_secs_f64() * 1000.0;
-        assert_eq!(ran.stdout, "1\n");
-        let t = Instant::now();
-        let out = raw_run(&flags, code.as_bytes());
-        let raw = t.elapsed().as_secs_f64() * 1000.0;
-        assert_eq!(out, "1\n");
+        let d = timed(&mut daemon);
+        let r = timed(&mut raw);
         if i > 0 {
-            daemon_ms.push(daemon);
-            raw_ms.push(raw);
+            daemon_ms.push(d);
+            raw_ms.push(r);
         }
     }
     for v in [&mut daemon_ms, &mut raw_ms] {
         v.sort_by(f64::total_cmp);
     }
-    let (dp50, dp95) = (percentile(&daemon_ms, 50.0), percentile(&daemon_ms, 95.0));
-    let (rp50, rp95) = (percentile(&raw_ms, 50.0), percentile(&raw_ms, 95.0));
-    stop(d);
+    (daemon_ms, raw_ms)
+}
+
+/// Prints p50/p95 of both and their ratios.
+fn report(label: &str, n: usize, daemon_ms: &[f64], raw_ms: &[f64]) {
+    let (dp50, dp95) = (percentile(daemon_ms, 50.0), percentile(daemon_ms, 95.0));
+    let (rp50, rp95) = (percentile(raw_ms, 50.0), percentile(raw_ms, 95.0));
     println!(
-        "bench docker {runtime} n={n}: daemon p50 {dp50:.1} ms p95 {dp95:.1} ms | docker run --rm p50 {rp50:.1} ms p95 {rp95:.1} ms | ratio p50 {:.2} p95 {:.2}",
+        "bench docker {label} n={n}: daemon p50 {dp50:.1} ms p95 {dp95:.1} ms | docker run --rm p50 {rp50:.1} ms p95 {rp95:.1} ms | ratio p50 {:.2} p95 {:.2}",
         dp50 / rp50,
         dp95 / rp95,
-        runtime = runtime()
     );
 }
 
@@ -205,33 +218,21 @@ fn bench_projects_against_raw_docker_run() {
             ]
             .map(str::to_owned),
         );
-        let (mut daemon_ms, mut raw_ms) = (Vec::new(), Vec::new());
-        for i in 0..=n {
-            let t = Instant::now();
-            let resp = send(d.addr, &connect::call("Run", &body));
-            let daemon = t.elapsed().as_secs_f64() * 1000.0;
-            assert_eq!(resp.status, 200, "{resp}");
-            let v = resp.json();
-            assert_eq!(v["project"]["outcome"], "PROJECT_OUTCOME_COMPLETED", "{v}");
-            let t = Instant::now();
-            let out = raw_run(&flags, content.as_bytes());
-            let raw = t.elapsed().as_secs_f64() * 1000.0;
-            assert_eq!(out, "42\n");
-            if i > 0 {
-                daemon_ms.push(daemon);
-                raw_ms.push(raw);
-            }
-        }
-        for v in [&mut daemon_ms, &mut raw_ms] {
-            v.sort_by(f64::total_cmp);
-        }
-        let (dp50, dp95) = (percentile(&daemon_ms, 50.0), percentile(&daemon_ms, 95.0));
-        let (rp50, rp95) = (percentile(&raw_ms, 50.0), percentile(&raw_ms, 95.0));
-        println!(
-            "bench docker {runtime} project {name} n={n}: daemon p50 {dp50:.1} ms p95 {dp95:.1} ms | docker run --rm p50 {rp50:.1} ms p95 {rp95:.1} ms | ratio p50 {:.2} p95 {:.2}",
-            dp50 / rp50,
-            dp95 / rp95,
-            runtime = runtime()
+        let (daemon_ms, raw_ms) = interleaved(
+            n,
+            || {
+                let resp = send(d.addr, &connect::call("Run", &body));
+                assert_eq!(resp.status, 200, "{resp}");
+                let v = resp.json();
+                assert_eq!(v["project"]["outcome"], "PROJECT_OUTCOME_COMPLETED", "{v}");
+            },
+            || assert_eq!(raw_run(&flags, content.as_bytes()), "42\n"),
+        );
+        report(
+            &format!("{} project {name}", runtime()),
+            n,
+            &daemon_ms,
+            &raw_ms,
         );
     }
     stop(d);
