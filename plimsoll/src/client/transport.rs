@@ -277,33 +277,32 @@ where
         kind: BrokenKind::Io,
         message,
     };
-    if h2 {
+    let refused = |what: &'static str| {
+        move |e: hyper::Error| Broken {
+            sent: false,
+            kind: BrokenKind::Io,
+            message: format!("{what} handshake: {e}"),
+        }
+    };
+    // The connection's driver runs until the answer's body is read, then is stopped.
+    let (response, driver) = if h2 {
         let (mut sender, conn) = hyper::client::conn::http2::handshake(TokioExecutor::new(), io)
             .await
-            .map_err(|e| Broken {
-                sent: false,
-                kind: BrokenKind::Io,
-                message: format!("HTTP/2 handshake: {e}"),
-            })?;
+            .map_err(refused("HTTP/2"))?;
         let driver = tokio::spawn(conn);
         sent.store(true, Ordering::SeqCst);
-        let out = answer(sender.send_request(req).await, after).await;
-        driver.abort();
-        out
+        (sender.send_request(req).await, driver)
     } else {
         let (mut sender, conn) = hyper::client::conn::http1::handshake(io)
             .await
-            .map_err(|e| Broken {
-                sent: false,
-                kind: BrokenKind::Io,
-                message: format!("HTTP/1.1 handshake: {e}"),
-            })?;
+            .map_err(refused("HTTP/1.1"))?;
         let driver = tokio::spawn(conn);
         sent.store(true, Ordering::SeqCst);
-        let out = answer(sender.send_request(req).await, after).await;
-        driver.abort();
-        out
-    }
+        (sender.send_request(req).await, driver)
+    };
+    let out = answer(response, after).await;
+    driver.abort();
+    out
 }
 
 /// The answer to a sent request, or the failure after sending it.
