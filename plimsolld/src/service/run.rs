@@ -444,6 +444,18 @@ mod tests {
         }
     }
 
+    /// A gated provider, the handler state around it, and a caller `a` with every scope.
+    fn gated() -> (Arc<Gated>, Arc<State>, Principal) {
+        let provider = Arc::new(Gated {
+            gate: Notify::new(),
+        });
+        let caller = Principal {
+            id: Some("a".to_owned()),
+            scopes: vec!["*".to_owned()],
+        };
+        (provider.clone(), state(provider), caller)
+    }
+
     fn state(provider: Arc<Gated>) -> Arc<State> {
         let metrics = Arc::new(Metrics::default());
         let limits = Limits {
@@ -496,14 +508,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_run_whose_caller_hangs_up_keeps_its_slot_to_the_end_and_is_still_counted() {
-        let provider = Arc::new(Gated {
-            gate: Notify::new(),
-        });
-        let state = state(provider.clone());
-        let caller = Principal {
-            id: Some("a".to_owned()),
-            scopes: vec!["*".to_owned()],
-        };
+        let (provider, state, caller) = gated();
         // The caller waits a moment, then goes away: its handler future is dropped.
         let gone = tokio::time::timeout(
             Duration::from_millis(50),
@@ -529,14 +534,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_project_on_a_provider_without_projects_is_refused_and_runs_nothing() {
-        let provider = Arc::new(Gated {
-            gate: Notify::new(),
-        });
-        let state = state(provider.clone());
-        let caller = Principal {
-            id: Some("a".to_owned()),
-            scopes: vec!["*".to_owned()],
-        };
+        let (provider, state, caller) = gated();
         let req = RunRequest {
             protocol: PROTOCOL,
             payload: Some(
