@@ -79,24 +79,7 @@ pub async fn run(
     // every step's environment and the client library preloaded into every node a step
     // starts. Nothing of the credential is in any of them.
     let host_sdk = plan.grant.as_deref().map(crate::grant::host_client::node);
-    let mut env: HashMap<&str, &str> = image
-        .env
-        .iter()
-        .filter_map(|entry| entry.split_once('='))
-        .collect();
-    if plan.grant.is_some() {
-        env.insert(crate::grant::HOST_API_SOCKET, lockdown::GUEST_SOCKET);
-    }
-    let runner_plan = Plan {
-        files: plan.files.iter().map(PlanFile::of).collect(),
-        steps: &plan.steps,
-        artifacts: &plan.artifacts,
-        timeout_ms: u64::try_from(budget.as_millis()).unwrap_or(u64::MAX),
-        // The runner does not get the image's ENV; its steps do.
-        env,
-        proc_checks,
-        host_sdk: host_sdk.as_deref(),
-    };
+    let runner_plan = runner_plan(plan, image, budget, proc_checks, host_sdk.as_deref());
     let stdin = runner::stdin(&key, &runner_plan).map_err(DockerError::Plan)?;
     let finished = container::run_holding(
         ctx,
@@ -124,6 +107,34 @@ pub async fn run(
         result: classify(&finished, &key, &plan.artifacts),
         container_id: finished.container_id,
     })
+}
+
+/// What the runner reads for `plan` in `image`, one-shot or in a session. The runner does
+/// not get the image's ENV; its steps do, with the socket's path when the run has a grant.
+pub(super) fn runner_plan<'a>(
+    plan: &'a ProjectPlan,
+    image: &'a VerifiedImage,
+    budget: Duration,
+    proc_checks: &'a [&'a str],
+    host_sdk: Option<&'a str>,
+) -> Plan<'a> {
+    let mut env: HashMap<&str, &str> = image
+        .env
+        .iter()
+        .filter_map(|entry| entry.split_once('='))
+        .collect();
+    if plan.grant.is_some() {
+        env.insert(crate::grant::HOST_API_SOCKET, lockdown::GUEST_SOCKET);
+    }
+    Plan {
+        files: plan.files.iter().map(PlanFile::of).collect(),
+        steps: &plan.steps,
+        artifacts: &plan.artifacts,
+        timeout_ms: u64::try_from(budget.as_millis()).unwrap_or(u64::MAX),
+        env,
+        proc_checks,
+        host_sdk,
+    }
 }
 
 /// The outcome of a run docker started (see the module's table).

@@ -11,7 +11,7 @@ use super::super::container::{EXIT_TIMED_OUT, Finished, random_hex};
 use super::super::exec::{self, ExecOutcome, ExecSpec};
 use super::super::lockdown::START_SCRIPT;
 use super::super::project::{self, GUARD, REPORT_GRACE, RUNNER};
-use super::super::runner::{self, Plan, PlanFile, ReportKey};
+use super::super::runner::{self, ReportKey};
 use super::super::settings::OUTPUT_CAP;
 use super::DockerSession;
 use super::container::end_for;
@@ -155,20 +155,7 @@ impl DockerSession {
         } else {
             PROC_CHECKS_RUNC
         };
-        let runner_plan = Plan {
-            files: plan.files.iter().map(PlanFile::of).collect(),
-            steps: &plan.steps,
-            artifacts: &plan.artifacts,
-            timeout_ms: u64::try_from(budget.as_millis()).unwrap_or(u64::MAX),
-            env: self
-                .image
-                .env
-                .iter()
-                .filter_map(|entry| entry.split_once('='))
-                .collect(),
-            proc_checks,
-            host_sdk: None,
-        };
+        let runner_plan = project::runner_plan(&plan, &self.image, budget, proc_checks, None);
         let stdin = runner::stdin(&key, &runner_plan)
             .map_err(|e| SessionFault::Infrastructure(format!("project plan: {e}")))?;
         let marker = format!("plimsoll-started:{}", random_hex());
