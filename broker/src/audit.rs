@@ -13,14 +13,18 @@ pub enum CloseReason {
     Deadline,
     /// The broker shut down.
     Shutdown,
+    /// plimsolld closed the session the run's grant was lent to.
+    SessionClosed,
 }
 
 impl CloseReason {
-    fn as_str(self) -> &'static str {
+    /// The audit line's `end` value.
+    pub fn as_str(self) -> &'static str {
         match self {
             CloseReason::Closed => "closed",
             CloseReason::Deadline => "deadline",
             CloseReason::Shutdown => "shutdown",
+            CloseReason::SessionClosed => "session_closed",
         }
     }
 }

@@ -91,7 +91,7 @@ impl Config {
 }
 
 /// Loads the grants, binds the control socket and serves until SIGTERM or SIGINT; then
-/// revokes every open run and removes the control socket.
+/// revokes every open run and session and removes the control socket.
 pub async fn serve(config: Config) -> Result<(), StartError> {
     let hangup = reload::hangup();
     let (reloader, registry) = Reloader::start(

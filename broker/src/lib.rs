@@ -12,7 +12,7 @@
 //! With `server`, the modules read in the order a run meets them: [`grants`] (the file),
 //! [`registry`] and [`reload`] (the current profiles, rotated without a restart),
 //! [`runs`] (open and close), [`credential`] (minting), [`run_socket`] (the guest's
-//! socket), [`run`] (the checks of each call), [`breaker`], [`upstream`], [`trace`] and
+//! socket), [`session`] (one socket for a docker session, lent to a run per call), [`run`] (the checks of each call), [`breaker`], [`upstream`], [`trace`] and
 //! [`audit`].
 #![forbid(unsafe_code)]
 
@@ -39,6 +39,8 @@ pub mod run;
 pub mod run_socket;
 #[cfg(feature = "server")]
 pub mod runs;
+#[cfg(feature = "server")]
+pub mod session;
 #[cfg(feature = "server")]
 pub mod trace;
 #[cfg(feature = "server")]

@@ -2,7 +2,8 @@
 //! call goes through (`spec/grants.md` §2.2, steps numbered as there).
 //!
 //! A run holds the profile it opened with (an immutable snapshot), so a registry swap
-//! never changes it. Ending a run flips a watch channel that every in-flight upstream call
+//! never changes it. A run lent to a session charges its route caps to the session's shared
+//! counts instead of its own. Ending a run flips a watch channel that every in-flight upstream call
 //! selects on: the call is cut and answered 503, and later calls get the same 503.
 
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
@@ -17,6 +18,7 @@ use crate::breaker::{Breaker, Gate};
 use crate::control::protocol::RunSummary;
 use crate::credential::Credential;
 use crate::grants::{Profile, Target};
+use crate::session::{SessionCounts, cap_key};
 use crate::trace::{Trace, TraceRow};
 use crate::upstream::{Upstream, UpstreamError, UpstreamReply};
 
@@ -77,8 +79,16 @@ impl Reply {
 
 struct State {
     trace: Trace,
+    /// A plain run's own counts, one per entry of `profile.route_caps`.
     cap_counts: Vec<u32>,
     breaker: Breaker,
+}
+
+/// A lent run's share of its session's route-cap counts.
+struct SharedCaps {
+    counts: Arc<SessionCounts>,
+    /// The key of each entry of `profile.route_caps`.
+    keys: Vec<String>,
 }
 
 /// One open run.
@@ -95,6 +105,7 @@ pub struct Run {
     ended: watch::Sender<bool>,
     slots: Arc<Semaphore>,
     state: Mutex<State>,
+    shared_caps: Option<SharedCaps>,
 }
 
 // === impl Run ===
@@ -124,7 +135,21 @@ impl Run {
                 cap_counts: vec![0; caps],
                 breaker: Breaker::default(),
             }),
+            shared_caps: None,
         }
+    }
+
+    /// Makes the run count its route caps in a session's `counts` (kept for the session's
+    /// life) rather than in fresh counts of its own.
+    pub fn with_session_counts(mut self, counts: Arc<SessionCounts>) -> Self {
+        let keys = self
+            .profile
+            .route_caps
+            .iter()
+            .map(|(index, _)| cap_key(&self.profile.origin, &self.profile.allow[*index]))
+            .collect();
+        self.shared_caps = Some(SharedCaps { counts, keys });
+        self
     }
 
     /// Whether the run has ended.
@@ -217,15 +242,26 @@ impl Run {
                 })
                 .map(|(i, _)| i)
                 .collect();
-            if hits
-                .iter()
-                .any(|&i| state.cap_counts[i] >= self.profile.route_caps[i].1)
-            {
+            let charged = match &self.shared_caps {
+                Some(shared) => shared.counts.charge(
+                    hits.iter()
+                        .map(|&i| (shared.keys[i].as_str(), self.profile.route_caps[i].1)),
+                ),
+                None => {
+                    let full = hits
+                        .iter()
+                        .any(|&i| state.cap_counts[i] >= self.profile.route_caps[i].1);
+                    if !full {
+                        for &i in &hits {
+                            state.cap_counts[i] += 1;
+                        }
+                    }
+                    !full
+                }
+            };
+            if !charged {
                 state.trace.denied += 1;
                 return Reply::broker(429, message::ROUTE_CAP);
-            }
-            for i in hits {
-                state.cap_counts[i] += 1;
             }
         }
         // 6. Circuit breaker.

@@ -1,13 +1,22 @@
-//! A run's own Unix socket, `host-api.sock`, and the HTTP/1.1 server on it.
+//! A run's own Unix socket, `host-api.sock`, and the HTTP/1.1 server on it (also used,
+//! unchanged, for a session's socket: see [`crate::session`]).
 //!
-//! The socket lives alone in a fresh private directory (prefix `crsbx-broker`, mode 0711 so
-//! the guest uid can reach the socket but not list the directory); the socket is 0666
-//! because the guest runs as another uid. The target is the request URI exactly as sent;
+//! The socket lives alone in a fresh private directory (prefix `crsbx-broker`, or
+//! `crsbx-session-broker` for a session; mode 0711 so the guest uid can reach the socket but
+//! not list the directory); the socket is 0666 because the guest runs as another uid. The target is the request URI exactly as sent;
 //! guest headers are never looked at beyond what HTTP framing needs.
+//!
+//! Time limits on a connection: its request head must arrive within 5 s, and hyper starts that
+//! clock whenever the connection waits for a head, so an idle keep-alive connection is closed
+//! after 5 s too (stricter than the 15 s idle limit the spec quotes). A body must arrive within
+//! 10 s (`run::BODY_READ_TIMEOUT`). An answer the guest stops reading fails the connection
+//! after 30 s without progress ([`WRITE_STALL_TIMEOUT`]). The run's deadline bounds them all.
 
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
+use std::pin::Pin;
 use std::sync::Arc;
+use std::task::{Context, Poll, ready};
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -17,22 +26,27 @@ use http_body_util::Full;
 use hyper::body::Incoming;
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioIo, TokioTimer};
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::UnixListener;
 use tokio::sync::Semaphore;
+use tokio::time::{Instant, Sleep};
 
 use crate::run::{Reply, Run, message};
+use crate::session::Session;
 
 /// The socket's file name.
 pub const SOCKET_NAME: &str = "host-api.sock";
-/// Prefix of the socket's directory (the daemon's orphan sweep knows it).
+/// Prefix of a run socket's directory (the daemon's orphan sweep knows it).
 pub const DIR_PREFIX: &str = "crsbx-broker";
-/// Connections served at once per run.
+/// Connections served at once per socket.
 pub const MAX_CONNECTIONS: usize = 32;
 /// Time to send a request's headers.
 pub const READ_HEADER_TIMEOUT: Duration = Duration::from_secs(5);
 /// Largest request head.
 pub const MAX_HEADER_BYTES: usize = 16 * 1024;
-/// How long a connection may take to finish its answer once the run has ended.
+/// How long an answer may make no progress because the guest does not read it.
+pub const WRITE_STALL_TIMEOUT: Duration = Duration::from_secs(30);
+/// How long a connection may take to finish its answer once the run (or session) has ended.
 const SHUTDOWN_GRACE: Duration = Duration::from_secs(3);
 
 /// Why a run socket could not be made.
@@ -58,14 +72,15 @@ pub struct RunSocket {
 // === impl RunSocket ===
 
 impl RunSocket {
-    /// Creates the directory and binds the socket (serve it with [`RunSocket::serve`]).
-    pub fn bind() -> Result<(Self, UnixListener), RunSocketError> {
+    /// Creates a directory named `prefix…` and binds the socket in it (serve it with
+    /// [`RunSocket::serve`] or [`RunSocket::serve_session`]).
+    pub fn bind(prefix: &str) -> Result<(Self, UnixListener), RunSocketError> {
         let create = |path: &Path| {
             let path = path.to_owned();
             move |source| RunSocketError::Create { path, source }
         };
         let dir = tempfile::Builder::new()
-            .prefix(DIR_PREFIX)
+            .prefix(prefix)
             .tempdir()
             .map_err(create(&std::env::temp_dir()))?;
         std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o711))
@@ -100,26 +115,64 @@ impl RunSocket {
 
     /// Serves `run` on `listener` until the run ends.
     pub async fn serve(listener: UnixListener, run: Arc<Run>) {
-        let connections = Arc::new(Semaphore::new(MAX_CONNECTIONS));
-        loop {
-            let accepted = tokio::select! {
-                accepted = listener.accept() => accepted,
-                () = run.wait_ended() => break,
-            };
-            let Ok((stream, _)) = accepted else {
-                continue;
-            };
-            // Over the cap the connection is closed at once: shed, never queue.
-            let Ok(permit) = connections.clone().try_acquire_owned() else {
-                drop(stream);
-                continue;
-            };
-            let run = run.clone();
-            tokio::spawn(async move {
-                serve_connection(TokioIo::new(stream), run).await;
-                drop(permit);
-            });
+        serve_socket(listener, Served::Run(run)).await;
+    }
+
+    /// Serves a session's socket until the session closes: each request goes to the run lent
+    /// when it arrives, or gets 503 when none is.
+    pub async fn serve_session(listener: UnixListener, session: Arc<Session>) {
+        serve_socket(listener, Served::Session(session)).await;
+    }
+}
+
+/// What a socket serves.
+#[derive(Clone)]
+enum Served {
+    /// One run, for its whole life.
+    Run(Arc<Run>),
+    /// Whichever run is lent to the session at the time.
+    Session(Arc<Session>),
+}
+
+impl Served {
+    /// The run that answers a request arriving now.
+    fn current(&self) -> Option<Arc<Run>> {
+        match self {
+            Served::Run(run) => Some(run.clone()),
+            Served::Session(session) => session.lent(),
         }
+    }
+
+    /// Resolves once the socket stops serving.
+    async fn closed(&self) {
+        match self {
+            Served::Run(run) => run.wait_ended().await,
+            Served::Session(session) => session.wait_closed().await,
+        }
+    }
+}
+
+async fn serve_socket(listener: UnixListener, served: Served) {
+    let connections = Arc::new(Semaphore::new(MAX_CONNECTIONS));
+    loop {
+        let accepted = tokio::select! {
+            accepted = listener.accept() => accepted,
+            () = served.closed() => break,
+        };
+        let Ok((stream, _)) = accepted else {
+            continue;
+        };
+        // Over the cap the connection is closed at once: shed, never queue.
+        let Ok(permit) = connections.clone().try_acquire_owned() else {
+            drop(stream);
+            continue;
+        };
+        let served = served.clone();
+        tokio::spawn(async move {
+            let stream = WriteDeadline::new(stream, WRITE_STALL_TIMEOUT);
+            serve_connection(TokioIo::new(stream), served).await;
+            drop(permit);
+        });
     }
 }
 
@@ -129,11 +182,12 @@ impl Drop for RunSocket {
     }
 }
 
-async fn serve_connection(io: TokioIo<tokio::net::UnixStream>, run: Arc<Run>) {
-    let service_run = run.clone();
+async fn serve_connection(io: TokioIo<WriteDeadline<tokio::net::UnixStream>>, served: Served) {
+    let service_served = served.clone();
     let service = service_fn(move |request: Request<Incoming>| {
-        let run = service_run.clone();
-        async move { Ok::<_, std::convert::Infallible>(answer(&run, request).await) }
+        // Resolved per request: a session's keep-alive connection follows the slot.
+        let run = service_served.current();
+        async move { Ok::<_, std::convert::Infallible>(answer(run.as_deref(), request).await) }
     });
     let mut builder = hyper::server::conn::http1::Builder::new();
     builder
@@ -145,14 +199,18 @@ async fn serve_connection(io: TokioIo<tokio::net::UnixStream>, run: Arc<Run>) {
     tokio::pin!(connection);
     tokio::select! {
         _ = connection.as_mut() => {}
-        () = run.wait_ended() => {
+        () = served.closed() => {
             connection.as_mut().graceful_shutdown();
             let _ = tokio::time::timeout(SHUTDOWN_GRACE, connection).await;
         }
     }
 }
 
-async fn answer(run: &Run, request: Request<Incoming>) -> Response<Full<Bytes>> {
+async fn answer(run: Option<&Run>, request: Request<Incoming>) -> Response<Full<Bytes>> {
+    // A session socket with nothing lent: no run to count the call against.
+    let Some(run) = run else {
+        return to_response(Reply::broker(503, message::ENDED));
+    };
     let uri = request.uri();
     // Only origin-form targets: an absolute URI or authority form names no route.
     let reply = if uri.scheme().is_some() || uri.authority().is_some() {
@@ -163,6 +221,83 @@ async fn answer(run: &Run, request: Request<Incoming>) -> Response<Full<Bytes>> 
         run.call(&method, &target, request.into_body()).await
     };
     to_response(reply)
+}
+
+/// A stream whose writes fail with `TimedOut` once they have made no progress for `limit`: a
+/// guest that never reads its answer cannot hold a connection (and its buffers) open.
+pub(crate) struct WriteDeadline<S> {
+    inner: S,
+    limit: Duration,
+    /// Armed while a write or flush is pending; reset whenever one makes progress.
+    stall: Option<Pin<Box<Sleep>>>,
+}
+
+// === impl WriteDeadline ===
+
+impl<S> WriteDeadline<S> {
+    pub(crate) fn new(inner: S, limit: Duration) -> Self {
+        Self {
+            inner,
+            limit,
+            stall: None,
+        }
+    }
+
+    /// Maps a pending write to an error once the stall outlasts the limit.
+    fn pending<T>(&mut self, cx: &mut Context<'_>) -> Poll<std::io::Result<T>> {
+        let limit = self.limit;
+        let stall = self
+            .stall
+            .get_or_insert_with(|| Box::pin(tokio::time::sleep_until(Instant::now() + limit)));
+        match stall.as_mut().poll(cx) {
+            Poll::Ready(()) => Poll::Ready(Err(std::io::Error::new(
+                std::io::ErrorKind::TimedOut,
+                "the guest stopped reading its answer",
+            ))),
+            Poll::Pending => Poll::Pending,
+        }
+    }
+}
+
+impl<S: AsyncRead + Unpin> AsyncRead for WriteDeadline<S> {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.inner).poll_read(cx, buf)
+    }
+}
+
+impl<S: AsyncWrite + Unpin> AsyncWrite for WriteDeadline<S> {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
+        match Pin::new(&mut self.inner).poll_write(cx, buf) {
+            Poll::Pending => self.pending(cx),
+            ready => {
+                self.stall = None;
+                ready
+            }
+        }
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        match Pin::new(&mut self.inner).poll_flush(cx) {
+            Poll::Pending => self.pending(cx),
+            ready => {
+                self.stall = None;
+                ready
+            }
+        }
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        ready!(Pin::new(&mut self.inner).poll_shutdown(cx))?;
+        Poll::Ready(Ok(()))
+    }
 }
 
 fn to_response(reply: Reply) -> Response<Full<Bytes>> {
@@ -176,4 +311,44 @@ fn to_response(reply: Reply) -> Response<Full<Bytes>> {
             *response.status_mut() = http::StatusCode::BAD_GATEWAY;
             response
         })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    #[tokio::test(start_paused = true)]
+    async fn a_write_the_peer_never_reads_fails_after_the_limit() {
+        let (near, mut far) = tokio::io::duplex(64);
+        let mut stream = WriteDeadline::new(near, Duration::from_secs(30));
+        let started = Instant::now();
+        // The duplex buffer takes 64 bytes; the rest waits for a reader that never comes.
+        let error = stream.write_all(&[7; 4096]).await.unwrap_err();
+        assert_eq!(error.kind(), std::io::ErrorKind::TimedOut);
+        assert_eq!(started.elapsed(), Duration::from_secs(30));
+        let mut first = [0; 64];
+        far.read_exact(&mut first).await.unwrap();
+        assert_eq!(first, [7; 64]);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_slow_reader_that_keeps_reading_is_never_cut() {
+        let (near, mut far) = tokio::io::duplex(64);
+        let mut stream = WriteDeadline::new(near, Duration::from_secs(30));
+        let reader = tokio::spawn(async move {
+            let mut got = Vec::new();
+            let mut chunk = [0; 64];
+            while got.len() < 4096 {
+                // Each read comes 20 s after the last: slow, but never 30 s without progress.
+                tokio::time::sleep(Duration::from_secs(20)).await;
+                let n = far.read(&mut chunk).await.unwrap();
+                got.extend_from_slice(&chunk[..n]);
+            }
+            got
+        });
+        stream.write_all(&[9; 4096]).await.unwrap();
+        stream.flush().await.unwrap();
+        assert_eq!(reader.await.unwrap(), vec![9; 4096]);
+    }
 }

@@ -1,5 +1,8 @@
 //! The table of open runs: opening a run's grant (checks in the order of the control
 //! protocol's semantics), closing it, and revoking it at its deadline when nobody does.
+//!
+//! A run either has a socket of its own or is lent to a session's socket (`OpenRun.slot`);
+//! the session table and its open and close live in [`crate::session`].
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
@@ -12,7 +15,8 @@ use crate::control::protocol::{
 use crate::credential;
 use crate::registry::SharedRegistry;
 use crate::run::Run;
-use crate::run_socket::RunSocket;
+use crate::run_socket::{DIR_PREFIX, RunSocket};
+use crate::session::{self, Session, Sessions};
 use crate::upstream::Upstream;
 
 /// A run is revoked this long after its deadline even if never closed.
@@ -20,9 +24,17 @@ pub const DEADLINE_GRACE: Duration = Duration::from_secs(5);
 /// Runs open at once.
 pub const MAX_RUNS: usize = 4096;
 
+/// Where a run's grant is served.
+enum Home {
+    /// Its own socket, removed when the run closes.
+    Own(RunSocket),
+    /// A session's socket, lent until the run closes.
+    Lent(Arc<Session>),
+}
+
 struct Entry {
     run: Arc<Run>,
-    socket: RunSocket,
+    home: Home,
 }
 
 /// Every open run, plus what opening a new one needs.
@@ -30,17 +42,18 @@ pub struct Runs {
     registry: Arc<SharedRegistry>,
     upstream: Upstream,
     open: Mutex<HashMap<String, Entry>>,
+    sessions: Sessions,
 }
 
-fn refused(reason: RefusalReason, message: impl Into<String>) -> Response {
+pub(crate) fn refused(reason: RefusalReason, message: impl Into<String>) -> Response {
     Response::Refused(Refusal {
         reason,
         message: message.into(),
     })
 }
 
-/// Run ids are 32 lowercase hex characters.
-fn is_run_id(id: &str) -> bool {
+/// Run ids and session slot ids are 32 lowercase hex characters.
+pub(crate) fn is_hex_id(id: &str) -> bool {
     id.len() == 32
         && id
             .bytes()
@@ -56,7 +69,13 @@ impl Runs {
             registry,
             upstream,
             open: Mutex::new(HashMap::new()),
+            sessions: Sessions::default(),
         })
+    }
+
+    /// The open sessions.
+    pub(crate) fn sessions(&self) -> &Sessions {
+        &self.sessions
     }
 
     fn table(&self) -> MutexGuard<'_, HashMap<String, Entry>> {
@@ -76,7 +95,7 @@ impl Runs {
 
     /// Opens a run's grant.
     pub fn open(self: &Arc<Self>, request: OpenRun) -> Response {
-        if !is_run_id(&request.run) {
+        if !is_hex_id(&request.run) {
             return refused(
                 RefusalReason::Request,
                 "run id must be 32 lowercase hex characters",
@@ -85,6 +104,13 @@ impl Runs {
         if self.table().contains_key(&request.run) {
             return refused(RefusalReason::Request, "duplicate run id");
         }
+        let lent_to = match &request.slot {
+            None => None,
+            Some(slot) => match session::check_slot(&self.sessions, slot, request.session) {
+                Ok(session) => Some(session),
+                Err(refusal) => return refusal,
+            },
+        };
         let registry = self.registry.current();
         let unavailable = format!(
             "grant_profile \"{}\" is not available to this caller",
@@ -136,27 +162,39 @@ impl Runs {
                 );
             }
         };
-        let (socket, listener) = match RunSocket::bind() {
-            Ok(bound) => bound,
-            Err(error) => {
-                tracing::error!(%error, "run socket not created");
-                return refused(
-                    RefusalReason::Capacity,
-                    "host api socket could not be created",
-                );
-            }
+        // A lent run serves on the session's socket; only a run of its own binds one.
+        let (home, listener) = match &lent_to {
+            Some(session) => (Home::Lent(session.clone()), None),
+            None => match RunSocket::bind(DIR_PREFIX) {
+                Ok((socket, listener)) => (Home::Own(socket), Some(listener)),
+                Err(error) => {
+                    tracing::error!(%error, "run socket not created");
+                    return refused(
+                        RefusalReason::Capacity,
+                        "host api socket could not be created",
+                    );
+                }
+            },
+        };
+        let socket_path = match &home {
+            Home::Own(socket) => socket.path().to_owned(),
+            Home::Lent(session) => session.path().to_owned(),
         };
         let deadline = tokio::time::Instant::now() + budget;
-        let run = Arc::new(Run::new(
+        let mut run = Run::new(
             request.run.clone(),
             request.principal.clone(),
             profile.clone(),
             credential,
             deadline,
             self.upstream.clone(),
-        ));
+        );
+        if let Some(session) = &lent_to {
+            run = run.with_session_counts(session.counts());
+        }
+        let run = Arc::new(run);
         let grant = RunGrant {
-            socket: socket.path().to_owned(),
+            socket: socket_path,
             global: profile.global.clone(),
             allow: profile
                 .allow
@@ -176,15 +214,24 @@ impl Runs {
             if table.contains_key(&request.run) {
                 return refused(RefusalReason::Request, "duplicate run id");
             }
+            // Lent under the table lock, so a run is in the table exactly while it may be
+            // lent (a racing second lend or a closed session is refused here).
+            if let Some(session) = &lent_to
+                && let Err(refusal) = session::lend(session, run.clone())
+            {
+                return refusal;
+            }
             table.insert(
                 request.run.clone(),
                 Entry {
                     run: run.clone(),
-                    socket,
+                    home,
                 },
             );
         }
-        tokio::spawn(RunSocket::serve(listener, run.clone()));
+        if let Some(listener) = listener {
+            tokio::spawn(RunSocket::serve(listener, run.clone()));
+        }
         // Fail closed: a run plimsolld forgets (or a plimsolld that dies) still ends.
         let runs = Arc::downgrade(self);
         let id = request.run.clone();
@@ -203,26 +250,33 @@ impl Runs {
             caller = request.principal.as_str(),
             grant_profile = profile.name.as_str(),
             generation = registry.generation(),
+            session = lent_to.as_ref().map(|s| s.id.as_str()),
             "grant run opened"
         );
         Response::Opened(grant)
     }
 
-    /// Closes a run: the socket goes at once, then calls in flight are cut.
+    /// Closes a run: the socket goes (or the session's slot is emptied) at once, then calls
+    /// in flight are cut.
     pub async fn close(&self, id: &str, reason: CloseReason) -> Response {
         let Some(mut entry) = self.table().remove(id) else {
             return refused(RefusalReason::Request, "unknown run");
         };
-        entry.socket.remove();
+        match &mut entry.home {
+            Home::Own(socket) => socket.remove(),
+            // Before the run ends: later calls on the session socket get 503 at once.
+            Home::Lent(session) => session.take_back(&entry.run),
+        }
         let summary = entry.run.end().await;
         audit::run_closed(&entry.run, &summary, reason);
         Response::Closed(summary)
     }
 
-    /// Closes every run (shutdown).
+    /// Closes every run, then every session (shutdown).
     pub async fn close_all(&self) {
         let ids: Vec<String> = self.table().keys().cloned().collect();
         let closes = ids.iter().map(|id| self.close(id, CloseReason::Shutdown));
         futures::future::join_all(closes).await;
+        self.close_all_sessions().await;
     }
 }

@@ -15,7 +15,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use broker::control::client::{Client, ControlError};
-use broker::control::protocol::{OpenRun, Refusal, RefusalReason, RunGrant};
+use broker::control::protocol::{OpenRun, OpenSession, Refusal, RefusalReason, RunGrant};
 use jsonwebtoken::{Algorithm, DecodingKey, Validation};
 use plimsoll_tests::test_api::{Reply, TestApi};
 use serde_json::{Value, json};
@@ -99,6 +99,18 @@ impl Broker {
         match self.client().open(&run).await.unwrap() {
             Ok(grant) => grant,
             Err(refusal) => panic!("open refused: {refusal:?}"),
+        }
+    }
+
+    /// Opens a session socket living `life_ms`: its slot id and socket path.
+    async fn open_session(&self, life_ms: u64) -> (String, PathBuf) {
+        let request = OpenSession {
+            session: fresh_run_id(),
+            deadline_unix_ms: now_ms() + life_ms,
+        };
+        match self.client().open_session(&request).await.unwrap() {
+            Ok(opened) => (request.session, opened.socket),
+            Err(refusal) => panic!("open_session refused: {refusal:?}"),
         }
     }
 
@@ -198,6 +210,16 @@ fn open_request(principal: &str, profile: &str, budget_ms: u64) -> OpenRun {
         profile: profile.into(),
         deadline_unix_ms: now_ms() + budget_ms,
         session: false,
+        slot: None,
+    }
+}
+
+/// A session call lending its grant to the session socket `slot`.
+fn lend_request(principal: &str, profile: &str, slot: &str) -> OpenRun {
+    OpenRun {
+        session: true,
+        slot: Some(slot.to_owned()),
+        ..open_request(principal, profile, 20_000)
     }
 }
 
@@ -311,3 +333,5 @@ mod control;
 mod forwarding;
 #[path = "broker/lifecycle.rs"]
 mod lifecycle;
+#[path = "broker/sessions.rs"]
+mod sessions;

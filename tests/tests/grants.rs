@@ -12,6 +12,7 @@
 
 mod grants {
     pub mod docker;
+    pub mod sessions;
 }
 
 use std::net::SocketAddr;

@@ -11,7 +11,8 @@ use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::UnixStream;
 
 use super::protocol::{
-    Hello, MAX_LINE_BYTES, OpenRun, Refusal, Request, Response, RunGrant, RunSummary,
+    Hello, MAX_LINE_BYTES, OpenRun, OpenSession, Refusal, Request, Response, RunGrant, RunSummary,
+    SessionSocket,
 };
 
 /// Bound on one control call, connection included.
@@ -58,7 +59,7 @@ pub enum ControlError {
         /// What was wrong with it.
         detail: String,
     },
-    /// The broker refused a request that has no refusal in its result type (hello, close).
+    /// The broker refused a request that has no refusal in its result type (hello, close, close_session).
     #[error("broker refused: {}", .0.message)]
     Refused(Refusal),
 }
@@ -116,11 +117,39 @@ impl Client {
         }
     }
 
+    /// Opens a session's socket. The inner `Err` is the broker's policy refusal; the outer
+    /// one is a broken channel.
+    pub async fn open_session(
+        &self,
+        req: &OpenSession,
+    ) -> Result<Result<SessionSocket, Refusal>, ControlError> {
+        match self.call(&Request::OpenSession(req.clone())).await? {
+            Response::SessionOpened(socket) => Ok(Ok(socket)),
+            Response::Refused(refusal) => Ok(Err(refusal)),
+            other => Err(self.unexpected(&other)),
+        }
+    }
+
+    /// Closes a session's socket (and a grant still lent to it). Closing an unknown session
+    /// is [`ControlError::Refused`].
+    pub async fn close_session(&self, session: &str) -> Result<(), ControlError> {
+        let request = Request::CloseSession {
+            session: session.to_owned(),
+        };
+        match self.call(&request).await? {
+            Response::SessionClosed => Ok(()),
+            Response::Refused(refusal) => Err(ControlError::Refused(refusal)),
+            other => Err(self.unexpected(&other)),
+        }
+    }
+
     fn unexpected(&self, response: &Response) -> ControlError {
         let kind = match response {
             Response::Hello(_) => "hello",
             Response::Opened(_) => "opened",
             Response::Closed(_) => "closed",
+            Response::SessionOpened(_) => "session_opened",
+            Response::SessionClosed => "session_closed",
             Response::Refused(_) => "refused",
         };
         ControlError::BadReply {

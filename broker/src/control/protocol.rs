@@ -28,6 +28,13 @@ pub enum Request {
         /// The run id given to [`Request::Open`].
         run: String,
     },
+    /// Opens a session's socket (mounted once at session open; serves only lent grants).
+    OpenSession(OpenSession),
+    /// Ends a session's socket: a grant still lent is closed, the socket is removed.
+    CloseSession {
+        /// The slot id given to [`Request::OpenSession`].
+        session: String,
+    },
 }
 
 /// What plimsolld asks for when a run with a `grant_profile` starts.
@@ -45,6 +52,22 @@ pub struct OpenRun {
     pub deadline_unix_ms: u64,
     /// A session call: the profile must have `allow_in_sessions`.
     pub session: bool,
+    /// Lend this run's grant to the socket of this open session (instead of a socket of its
+    /// own). Needs `session: true`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub slot: Option<String>,
+}
+
+/// What plimsolld asks for when a docker session opens: one socket for the session's life.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct OpenSession {
+    /// Session slot id chosen by plimsolld: 32 lowercase hex characters (never the session
+    /// id the caller sees).
+    pub session: String,
+    /// The session's end in Unix ms; the broker removes the socket 5 s after it even if never
+    /// closed.
+    pub deadline_unix_ms: u64,
 }
 
 /// A response from the broker.
@@ -57,6 +80,10 @@ pub enum Response {
     Opened(RunGrant),
     /// Answer to a successful [`Request::Close`].
     Closed(RunSummary),
+    /// Answer to a successful [`Request::OpenSession`].
+    SessionOpened(SessionSocket),
+    /// Answer to a successful [`Request::CloseSession`].
+    SessionClosed,
     /// Any request the broker would not carry out.
     Refused(Refusal),
 }
@@ -85,6 +112,14 @@ pub struct RunGrant {
     pub allow: Vec<AllowedRoute>,
     /// The profile's preamble (or the content of its `preamble_file`); may be empty.
     pub preamble: String,
+}
+
+/// What a session gets when its socket opens.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SessionSocket {
+    /// Absolute path of the session's `host-api.sock`.
+    pub socket: PathBuf,
 }
 
 /// One allow-list entry as the guest client carries it.
@@ -144,7 +179,8 @@ pub enum RefusalReason {
     Permission,
     /// The run's deadline has already passed, or the broker is full.
     Capacity,
-    /// A malformed request: bad or duplicate run id, unknown run.
+    /// A malformed request: bad or duplicate run or session id, unknown run or session, a
+    /// session socket already lent.
     Request,
 }
 
@@ -160,6 +196,7 @@ mod tests {
             profile: "inv".into(),
             deadline_unix_ms: 5,
             session: false,
+            slot: None,
         });
         let line = serde_json::to_string(&open).unwrap();
         assert!(line.starts_with(r#"{"op":"open","run":"#), "{line}");
@@ -202,6 +239,65 @@ mod tests {
         assert_eq!(
             hello,
             r#"{"status":"hello","version":1,"generation":2,"profiles":3}"#
+        );
+    }
+
+    #[test]
+    fn session_messages_have_a_fixed_shape() {
+        let open = Request::OpenSession(OpenSession {
+            session: "cd".repeat(16),
+            deadline_unix_ms: 7,
+        });
+        let line = serde_json::to_string(&open).unwrap();
+        assert_eq!(
+            line,
+            format!(
+                r#"{{"op":"open_session","session":"{}","deadline_unix_ms":7}}"#,
+                "cd".repeat(16)
+            )
+        );
+        assert_eq!(serde_json::from_str::<Request>(&line).unwrap(), open);
+        let close = Request::CloseSession {
+            session: "x".into(),
+        };
+        let line = serde_json::to_string(&close).unwrap();
+        assert_eq!(line, r#"{"op":"close_session","session":"x"}"#);
+        assert_eq!(serde_json::from_str::<Request>(&line).unwrap(), close);
+        let opened = Response::SessionOpened(SessionSocket {
+            socket: "/tmp/s/host-api.sock".into(),
+        });
+        let line = serde_json::to_string(&opened).unwrap();
+        assert_eq!(
+            line,
+            r#"{"status":"session_opened","socket":"/tmp/s/host-api.sock"}"#
+        );
+        assert_eq!(serde_json::from_str::<Response>(&line).unwrap(), opened);
+        let closed = serde_json::to_string(&Response::SessionClosed).unwrap();
+        assert_eq!(closed, r#"{"status":"session_closed"}"#);
+        assert_eq!(
+            serde_json::from_str::<Response>(&closed).unwrap(),
+            Response::SessionClosed
+        );
+    }
+
+    #[test]
+    fn a_slot_is_sent_only_when_set() {
+        let mut open = OpenRun {
+            run: "ab".repeat(16),
+            principal: "alice".into(),
+            profile: "inv".into(),
+            deadline_unix_ms: 5,
+            session: true,
+            slot: None,
+        };
+        let line = serde_json::to_string(&Request::Open(open.clone())).unwrap();
+        assert!(!line.contains("slot"), "{line}");
+        open.slot = Some("cd".repeat(16));
+        let line = serde_json::to_string(&Request::Open(open.clone())).unwrap();
+        assert!(line.ends_with(&format!(r#""session":true,"slot":"{}"}}"#, "cd".repeat(16))));
+        assert_eq!(
+            serde_json::from_str::<Request>(&line).unwrap(),
+            Request::Open(open)
         );
     }
 }

@@ -169,6 +169,11 @@ async fn handle(request: Request, runs: &Arc<Runs>) -> Response {
         Request::Hello => runs.hello(),
         Request::Open(open) => runs.open(open),
         Request::Close { run } => runs.close(&run, CloseReason::Closed).await,
+        Request::OpenSession(open) => runs.open_session(open),
+        Request::CloseSession { session } => {
+            runs.close_session(&session, CloseReason::SessionClosed)
+                .await
+        }
     }
 }
 

@@ -16,6 +16,7 @@
 //! answers again.
 
 pub mod host_client;
+mod session;
 mod supervise;
 
 use std::path::PathBuf;
@@ -28,6 +29,7 @@ use broker::control::protocol::{self, OpenRun, RefusalReason, RunSummary};
 use plimsoll::refusal::Refusal;
 
 pub use broker::control::protocol::AllowedRoute as Route;
+pub use session::SessionSlot;
 
 use crate::auth::Principal;
 use crate::config::grants::GrantSource;
@@ -212,18 +214,7 @@ impl Grants {
         principal: &Principal,
         deadline: SystemTime,
     ) -> Result<OpenGrant, Refusal> {
-        self.open_as(profile, principal, deadline, false).await
-    }
-
-    /// Opens the grant of one session call; the broker refuses a profile without
-    /// `allow_in_sessions` (`permission`).
-    pub async fn open_session_call(
-        &self,
-        profile: &str,
-        principal: &Principal,
-        deadline: SystemTime,
-    ) -> Result<OpenGrant, Refusal> {
-        self.open_as(profile, principal, deadline, true).await
+        self.open_as(profile, principal, deadline, None).await
     }
 
     async fn open_as(
@@ -231,7 +222,7 @@ impl Grants {
         profile: &str,
         principal: &Principal,
         deadline: SystemTime,
-        session: bool,
+        slot: Option<&str>,
     ) -> Result<OpenGrant, Refusal> {
         // Grants off and an anonymous caller get the very answer an unknown profile gets
         // (wire.md §6.6), so nothing about the registry can be learnt from it.
@@ -246,10 +237,9 @@ impl Grants {
             run: run.clone(),
             principal: principal.to_owned(),
             profile: profile.to_owned(),
-            deadline_unix_ms: deadline
-                .duration_since(UNIX_EPOCH)
-                .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX)),
-            session,
+            deadline_unix_ms: unix_ms(deadline),
+            session: slot.is_some(),
+            slot: slot.map(str::to_owned),
         };
         match live.client.open(&request).await {
             Ok(Ok(grant)) => Ok(OpenGrant {
@@ -298,6 +288,12 @@ fn refusal(refused: protocol::Refusal) -> Refusal {
         RefusalReason::Capacity => Refusal::AtCapacity(refused.message),
         RefusalReason::Request => Refusal::InvalidRequest(refused.message),
     }
+}
+
+/// `time` in Unix milliseconds (0 before the epoch).
+fn unix_ms(time: SystemTime) -> u64 {
+    time.duration_since(UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
 }
 
 /// The answer for an unknown profile, a foreign caller and an anonymous one alike.

@@ -6,6 +6,8 @@
 //! provider can do: prove the sandbox is still the one opened, run a call in it, prove the
 //! call boundary afterwards, suspend it, and remove it.
 
+use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -13,6 +15,7 @@ use plimsoll::refusal::Refusal;
 use plimsoll::wire::{ProjectFile, SessionEnd};
 
 use super::{ProjectPlan, ProjectReport, SnippetOutcome};
+use crate::grant::GuestGrant;
 
 /// What an open asks of the provider.
 #[derive(Debug, Clone)]
@@ -23,6 +26,9 @@ pub struct SessionOpen {
     pub languages: Vec<String>,
     /// The disk budget measured after each call, in MiB; 0 = no bound.
     pub disk_mb: u32,
+    /// The session's broker socket, mounted at open because a running sandbox cannot gain a
+    /// mount; it serves only the grant a call lends (grants.md §3, providers.md §9.3).
+    pub host_socket: Option<PathBuf>,
 }
 
 /// A session sandbox the provider opened and verified.
@@ -110,11 +116,13 @@ pub trait SessionSandbox: Send + Sync + 'static {
     /// (providers.md §9.2). [`SessionFault::Refused`] keeps the session; `Ended` ends it.
     async fn prepare(&mut self) -> Result<(), SessionFault>;
 
-    /// Runs a JavaScript snippet in the sandbox.
+    /// Runs a JavaScript snippet in the sandbox; `grant` is the grant this call lent to the
+    /// session's socket, if any.
     async fn snippet(
         &mut self,
         code: String,
         timeout: Duration,
+        grant: Option<Arc<GuestGrant>>,
     ) -> Result<SnippetOutcome, SessionFault>;
 
     /// Runs a project in the sandbox; its files stay in `/work` for later calls.

@@ -23,7 +23,7 @@ use crate::record::Answer;
 
 /// How long past the run's timeout its grant stays open: a sandbox's start (a container's
 /// create and start) comes before the guest's clock begins.
-const GRANT_SLACK: Duration = Duration::from_secs(5);
+pub(super) const GRANT_SLACK: Duration = Duration::from_secs(5);
 
 /// Handles one `Run` request.
 pub(super) async fn handle(
@@ -227,6 +227,27 @@ async fn select_grant(
         ),
         _ => return Ok(None),
     };
+    let Some(profile) = check_profile(state, profile, supported, kind, description)? else {
+        return Ok(None);
+    };
+    let deadline = SystemTime::now() + timeout + GRANT_SLACK;
+    state
+        .grants
+        .open(profile, principal, deadline)
+        .await
+        .map(Some)
+}
+
+/// Step 5's checks before the broker is asked, for a run or a session call: no profile, no
+/// grant; a name over 128 bytes is invalid; with grants off every profile is unavailable; a
+/// payload kind without a credential-safe path on this provider is unsupported.
+pub(super) fn check_profile<'a>(
+    state: &State,
+    profile: &'a str,
+    supported: bool,
+    kind: PayloadKind,
+    description: &Description,
+) -> Result<Option<&'a str>, Refusal> {
     if profile.is_empty() {
         return Ok(None);
     }
@@ -248,12 +269,7 @@ async fn select_grant(
             kind.as_str()
         )));
     }
-    let deadline = SystemTime::now() + timeout + GRANT_SLACK;
-    state
-        .grants
-        .open(profile, principal, deadline)
-        .await
-        .map(Some)
+    Ok(Some(profile))
 }
 
 /// Refuses a run whose floor is above the tier right now.

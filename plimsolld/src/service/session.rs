@@ -17,12 +17,13 @@ use plimsoll::wire::{
     run_response, session_run_request,
 };
 
-use super::run::{check_floor, check_software};
+use super::run::{GRANT_SLACK, check_floor, check_profile, check_software};
 use super::{State, answer_error, internal};
 use crate::auth::Principal;
+use crate::grant::{GuestGrant, OpenGrant, SessionSlot};
 use crate::provider::{CellCall, Hold, ProjectPlan, SessionFault, SessionSandbox};
 use crate::record::Answer;
-use crate::session::{Entry, OpenTerms, Sessions, Stated, TurnGuard, terms};
+use crate::session::{Entry, OpenTerms, Sessions, Stated, Turn, TurnGuard, terms};
 
 // === OpenSession ===
 
@@ -67,6 +68,16 @@ pub(super) async fn open(
     let policy = description.policy.clone();
     let caller = terms.caller.clone();
     let owner = terms.owner.clone();
+    // Grants (grants.md §3): a running sandbox cannot gain a mount, so the session's broker
+    // socket is opened now, whenever this provider has a grant path at all.
+    let slot = if description.supports_javascript_grants || description.supports_project_grants {
+        state
+            .grants
+            .open_session_slot(SystemTime::now() + lifetime)
+            .await
+    } else {
+        None
+    };
     let sessions = Arc::clone(&state.sessions);
     let stated_id = id.clone();
     let stated_fingerprint = fingerprint.clone();
@@ -74,7 +85,7 @@ pub(super) async fn open(
     // never a container nobody tracks.
     let opening = tokio::spawn(async move {
         sessions
-            .open(terms, move |opened| Stated {
+            .open(terms, slot, move |opened| Stated {
                 id: stated_id,
                 fingerprint: stated_fingerprint,
                 caller,
@@ -137,7 +148,7 @@ pub(super) async fn run(
         .find(&req.session_id, principal.audit_key())?;
     entry.claim();
     let kind = validate::check_session_payload(req.payload.as_ref())?;
-    check_grant_profile(&req)?;
+    let profile = check_grant_profile(state, &req)?;
     terms::check_call_rule(entry.stated.rule.as_ref(), rule)?;
     check_floor(floor, entry.stated.tier)?;
     check_software(rule, &entry.stated.software_identity)?;
@@ -150,29 +161,38 @@ pub(super) async fn run(
         arrived,
         req,
         kind,
+        principal: principal.clone(),
+        profile,
     };
     tokio::spawn(call.run(job))
         .await
         .map_err(|e| internal(&format!("session call task failed: {e}")))?
 }
 
-fn check_grant_profile(req: &SessionRunRequest) -> Result<(), Refusal> {
-    let profile = match req.payload.as_ref() {
-        Some(session_run_request::Payload::Javascript(js)) => js.grant_profile.as_str(),
-        Some(session_run_request::Payload::Project(p)) => p.grant_profile.as_str(),
-        _ => "",
+/// The grant checks made before the turn (wire.md §6.6); the broker's own (the profile,
+/// the caller, `allow_in_sessions`) come when the call lends the grant, holding the turn.
+fn check_grant_profile(state: &State, req: &SessionRunRequest) -> Result<Option<String>, Refusal> {
+    let description = state.provider.describe();
+    let (profile, supported, kind) = match req.payload.as_ref() {
+        Some(session_run_request::Payload::Javascript(js)) => (
+            js.grant_profile.as_str(),
+            description.supports_javascript_grants,
+            PayloadKind::Javascript,
+        ),
+        Some(session_run_request::Payload::Project(p)) => (
+            p.grant_profile.as_str(),
+            description.supports_project_grants,
+            PayloadKind::Project,
+        ),
+        _ => return Ok(None),
     };
-    if profile.is_empty() {
-        return Ok(());
-    }
-    Err(Refusal::PermissionDenied(format!(
-        "grant_profile {profile:?} is not available to this caller"
-    )))
+    Ok(check_profile(state, profile, supported, kind, &description)?.map(str::to_owned))
 }
 
 /// What a session call runs.
 enum Job {
-    Snippet(String, Duration),
+    /// The code, its timeout and the grant the call lent, if any.
+    Snippet(String, Duration, Option<Arc<GuestGrant>>),
     Project(ProjectPlan),
     Cell(CellCall),
 }
@@ -192,7 +212,7 @@ fn job(state: &State, req: &SessionRunRequest) -> Result<Job, Refusal> {
     );
     Ok(match req.payload.as_ref() {
         Some(session_run_request::Payload::Javascript(js)) => {
-            Job::Snippet(js.code.clone(), snippet_timeout)
+            Job::Snippet(js.code.clone(), snippet_timeout, None)
         }
         Some(session_run_request::Payload::Project(p)) => Job::Project(ProjectPlan {
             files: p.files.clone(),
@@ -203,7 +223,7 @@ fn job(state: &State, req: &SessionRunRequest) -> Result<Job, Refusal> {
                 d.project.max_timeout_ms,
             ),
             hold: Hold::default(),
-            // Sessions lend no grant: every named profile was refused above.
+            // Set once the call has lent its grant, holding the turn.
             grant: None,
         }),
         Some(session_run_request::Payload::Cell(c)) => Job::Cell(CellCall {
@@ -220,6 +240,20 @@ fn job(state: &State, req: &SessionRunRequest) -> Result<Job, Refusal> {
     })
 }
 
+impl Job {
+    /// The job with the grant its call lent (cells never carry one: validation refuses it).
+    fn with_grant(self, grant: Arc<GuestGrant>) -> Job {
+        match self {
+            Job::Snippet(code, timeout, _) => Job::Snippet(code, timeout, Some(grant)),
+            Job::Project(mut plan) => {
+                plan.grant = Some(grant);
+                Job::Project(plan)
+            }
+            cell @ Job::Cell(_) => cell,
+        }
+    }
+}
+
 /// One admitted session call, owned by the task that runs it.
 struct Call {
     state: Arc<State>,
@@ -227,6 +261,9 @@ struct Call {
     arrived: Answer,
     req: SessionRunRequest,
     kind: PayloadKind,
+    principal: Principal,
+    /// The `grant_profile` the call names, checked as far as the daemon can.
+    profile: Option<String>,
 }
 
 impl Call {
@@ -234,7 +271,8 @@ impl Call {
     /// leaves the sweep to run after the answer (its verdict reaches the next call).
     async fn run(self, job: Job) -> Result<SessionRunResponse, ConnectError> {
         let mut turn = self.entry.take_turn().await?;
-        let Some(sandbox) = turn.sandbox.as_mut() else {
+        let Turn { sandbox, slot, .. } = &mut *turn;
+        let Some(sandbox) = sandbox.as_mut() else {
             return Err(self.ended_refusal().into());
         };
         if let Err(fault) = sandbox.prepare().await {
@@ -242,6 +280,22 @@ impl Call {
             return Err(self.refuse_before(fault).into());
         }
         self.entry.set_suspended(false);
+        // The grant is lent only now: the turn keeps one call's grant on the socket at a time.
+        let mut lent = None;
+        let job = match &self.profile {
+            None => job,
+            Some(profile) => match self.lend(slot.as_ref(), profile, &job).await {
+                Ok(grant) => {
+                    let job = job.with_grant(grant.guest());
+                    lent = Some(grant);
+                    job
+                }
+                Err(refusal) => {
+                    drop(turn);
+                    return Err(refusal.into());
+                }
+            },
+        };
         // A session that ends under the call (its lifetime, the drain) cuts the call short:
         // its sandbox is being removed, and what ran is recorded as unanswered.
         let ran = tokio::select! {
@@ -253,6 +307,13 @@ impl Call {
         };
         if !matches!(ran, Err(SessionFault::Refused(_))) {
             self.state.metrics.run_dispatched();
+        }
+        // The call's code has ended: the socket goes back to answering 503 before the answer
+        // (and before the sweep), so nothing the call left running keeps its grant.
+        if let (Some(grant), Some(profile)) = (lent, &self.profile)
+            && let Some(summary) = grant.close().await
+        {
+            self.state.metrics.host_calls(profile, &summary);
         }
         let answer = match ran {
             Ok(result) => Ok(self.answer(&mut turn, result)),
@@ -278,6 +339,29 @@ impl Call {
             turn,
         );
         answer
+    }
+
+    /// Lends the call's grant to the session's socket until the job's deadline.
+    async fn lend(
+        &self,
+        slot: Option<&SessionSlot>,
+        profile: &str,
+        job: &Job,
+    ) -> Result<OpenGrant, Refusal> {
+        let timeout = match job {
+            Job::Snippet(_, timeout, _) => *timeout,
+            Job::Project(plan) => plan.timeout,
+            Job::Cell(call) => call.timeout,
+        };
+        self.state
+            .grants
+            .lend(
+                slot,
+                profile,
+                &self.principal,
+                SystemTime::now() + timeout + GRANT_SLACK,
+            )
+            .await
     }
 
     fn ended_refusal(&self) -> Refusal {
@@ -394,8 +478,8 @@ async fn run_job(
     job: Job,
 ) -> Result<run_response::Result, SessionFault> {
     Ok(match job {
-        Job::Snippet(code, timeout) => {
-            let mut out = sandbox.snippet(code, timeout).await?;
+        Job::Snippet(code, timeout, grant) => {
+            let mut out = sandbox.snippet(code, timeout, grant).await?;
             run_response::Result::Javascript(Box::new(out.take_result()))
         }
         Job::Project(plan) => {

@@ -11,6 +11,7 @@ use plimsoll::wire::{SessionEnd, SoftwareRule};
 use tokio::sync::{Notify, OwnedMutexGuard};
 use tokio::time::Instant;
 
+use crate::grant::SessionSlot;
 use crate::provider::{Hold, SessionSandbox};
 
 /// Calls (or a close) that may hold or wait for the turn at once: the holder and one waiter.
@@ -89,6 +90,8 @@ pub struct Turn {
     pub last_record: String,
     /// The session's admission slot, dropped once the sandbox is gone.
     pub hold: Hold,
+    /// The session's broker socket (grants on), closed once the sandbox is gone.
+    pub slot: Option<SessionSlot>,
 }
 
 /// One session.
@@ -107,7 +110,12 @@ pub struct Entry {
 
 impl Entry {
     /// A live session holding `sandbox` and `hold`.
-    pub fn new(stated: Stated, sandbox: Box<dyn SessionSandbox>, hold: Hold) -> Entry {
+    pub fn new(
+        stated: Stated,
+        sandbox: Box<dyn SessionSandbox>,
+        hold: Hold,
+        slot: Option<SessionSlot>,
+    ) -> Entry {
         Entry {
             stated,
             life: Mutex::new(Life {
@@ -123,6 +131,7 @@ impl Entry {
                 sequence: 0,
                 last_record: String::new(),
                 hold,
+                slot,
             })),
             changed: Notify::new(),
             removed: Notify::new(),

@@ -24,10 +24,11 @@ use std::time::Duration;
 use plimsoll::refusal::Refusal;
 use plimsoll::wire::SessionEnd;
 
-pub use entry::{Ended, Entry, Stated, TurnGuard};
+pub use entry::{Ended, Entry, Stated, Turn, TurnGuard};
 
 use crate::admission::Admission;
 use crate::config::session::SessionConfig;
+use crate::grant::SessionSlot;
 use crate::provider::{Hold, OpenedSession, Provider, ProviderError, SessionOpen};
 
 /// How long a session that ended by itself stays collectable.
@@ -93,10 +94,12 @@ impl Sessions {
     }
 
     /// Opens a session: caps, admission, a replaced session for the owner's cap, then the
-    /// provider's sandbox. `stated` is completed with the id and what the provider opened.
+    /// provider's sandbox, with `slot`'s socket mounted when grants are on. `stated` is
+    /// completed with the id and what the provider opened.
     pub async fn open(
         self: &Arc<Self>,
         terms: OpenTerms,
+        slot: Option<SessionSlot>,
         stated: impl FnOnce(&OpenedSession) -> Stated,
     ) -> Result<Arc<Entry>, ProviderError> {
         let _opening = self.opening.lock().await;
@@ -121,10 +124,11 @@ impl Sessions {
                 lifetime: terms.lifetime,
                 languages: terms.languages.clone(),
                 disk_mb: self.config.disk_mb,
+                host_socket: slot.as_ref().map(|s| s.socket().to_owned()),
             })
             .await?;
         let stated = stated(&opened);
-        let entry = Arc::new(Entry::new(stated, opened.sandbox, Hold::new(permit)));
+        let entry = Arc::new(Entry::new(stated, opened.sandbox, Hold::new(permit), slot));
         self.entries()
             .insert(entry.stated.id.clone(), Arc::clone(&entry));
         tokio::spawn(watch::watch(Arc::clone(self), Arc::clone(&entry)));
@@ -271,6 +275,9 @@ async fn remove_sandbox(entry: &Entry) -> (u64, String) {
     let mut turn = entry.turn_for_removal().await;
     if let Some(mut sandbox) = turn.sandbox.take() {
         sandbox.finish().await;
+        if let Some(slot) = turn.slot.take() {
+            slot.close().await;
+        }
         drop(std::mem::take(&mut turn.hold));
         entry.mark_gone();
     }

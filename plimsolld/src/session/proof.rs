@@ -29,6 +29,7 @@ async fn prove_once(provider: &dyn Provider, config: &SessionConfig) -> Result<(
             lifetime: PROOF_LIFETIME,
             languages: Vec::new(),
             disk_mb: config.disk_mb,
+            host_socket: None,
         })
         .await
         .map_err(|e| format!("session proof: open: {e}"))?;
@@ -42,6 +43,7 @@ async fn prove_once(provider: &dyn Provider, config: &SessionConfig) -> Result<(
             .snippet(
                 "console.log('plimsoll-session-ok')".to_owned(),
                 Duration::from_secs(20),
+                None,
             )
             .await
             .map_err(|e| format!("session proof: snippet: {e}"))?;

@@ -39,6 +39,7 @@ impl SessionSandbox for Recording {
         &mut self,
         _code: String,
         _timeout: Duration,
+        _grant: Option<Arc<crate::grant::GuestGrant>>,
     ) -> Result<SnippetOutcome, SessionFault> {
         Ok(SnippetOutcome::default())
     }
@@ -140,7 +141,7 @@ async fn open_for(
     };
     let expires_at = tokio::time::Instant::now() + terms.lifetime;
     sessions
-        .open(terms, |_| Stated {
+        .open(terms, None, |_| Stated {
             fingerprint: plimsoll::record::session_fingerprint(&id),
             id: id.clone(),
             caller: "c".to_owned(),
@@ -259,6 +260,7 @@ async fn the_owner_cap_replaces_the_idle_session_and_refuses_when_all_are_busy()
                 lifetime: Duration::from_secs(60),
                 languages: Vec::new(),
             },
+            None,
             |_| unreachable!("refused before the provider is asked"),
         )
         .await;
@@ -288,6 +290,7 @@ async fn the_drain_refuses_opens_and_removes_every_sandbox() {
                 lifetime: Duration::from_secs(60),
                 languages: Vec::new(),
             },
+            None,
             |_| unreachable!("refused while draining"),
         )
         .await;

@@ -248,3 +248,42 @@ async fn sigterm_revokes_every_open_run() {
     );
     wait_for_log(&log, r#""end":"shutdown""#).await;
 }
+
+#[tokio::test]
+async fn a_connection_left_idle_or_silent_is_closed_by_the_broker() {
+    let api = TestApi::start();
+    api.respond("GET", "/items/a", Reply::json(200, "{}"));
+    let broker = Broker::start(
+        &api,
+        &grants(json!({"inv": jwt_profile(&api, "JWT_SECRET_A", &["GET /items/*"])})),
+    )
+    .await;
+    let grant = broker.open("alice", "inv").await;
+
+    // A keep-alive connection that has had its answer and then says nothing.
+    let mut idle = UnixStream::connect(&grant.socket).await.unwrap();
+    idle.write_all(b"GET /items/a HTTP/1.1\r\nhost: api\r\n\r\n")
+        .await
+        .unwrap();
+    let mut head = [0; 12];
+    idle.read_exact(&mut head).await.unwrap();
+    assert_eq!(&head, b"HTTP/1.1 200");
+    // A connection that never finishes its request head.
+    let mut silent = UnixStream::connect(&grant.socket).await.unwrap();
+    silent
+        .write_all(b"GET /items/a HTTP/1.1\r\n")
+        .await
+        .unwrap();
+
+    let started = Instant::now();
+    for stream in [&mut idle, &mut silent] {
+        let mut rest = Vec::new();
+        tokio::time::timeout(Duration::from_secs(15), stream.read_to_end(&mut rest))
+            .await
+            .expect("the broker kept a connection open past its limits")
+            .unwrap();
+    }
+    // Closed by the 5 s head limit, not at once: the run is still open and serving.
+    assert!(started.elapsed() >= Duration::from_secs(4));
+    assert_eq!(get(&grant, "/items/a").await.status, 200);
+}

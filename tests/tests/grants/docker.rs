@@ -27,7 +27,7 @@ fn docker_daemon(f: &Fixture) -> Daemon {
 /// Everything a node guest can look at for a credential: its environment, the files under
 /// the usual directories and its process's environ, reported as paths of hits (a JWT-shaped
 /// string or the test secrets' prefix), never as content.
-const LOOK_AROUND: &str = r#"
+pub(crate) const LOOK_AROUND: &str = r#"
 const fs = require('fs');
 const hits = [];
 // A decoy proves the search finds what it looks for. The secret's prefix is put together at

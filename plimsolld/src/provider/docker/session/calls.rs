@@ -9,12 +9,13 @@ use tokio::time::Instant;
 
 use super::super::container::{EXIT_TIMED_OUT, Finished, random_hex};
 use super::super::exec::{self, ExecOutcome, ExecSpec};
-use super::super::lockdown::START_SCRIPT;
+use super::super::lockdown::{GUEST_SOCKET, START_SCRIPT};
 use super::super::project::{self, GUARD, REPORT_GRACE, RUNNER};
 use super::super::runner::{self, ReportKey};
 use super::super::settings::OUTPUT_CAP;
 use super::DockerSession;
 use super::container::end_for;
+use crate::grant::GuestGrant;
 use crate::provider::{ProjectPlan, ProjectReport, SessionFault, SnippetOutcome};
 
 /// The runner's `/proc` entries a step must fail to open in a session. The runner is
@@ -117,14 +118,28 @@ impl DockerSession {
         }
     }
 
-    /// A snippet: `node -` with the code on stdin.
+    /// A snippet: `node -` with the code on stdin. A granted call gets the socket's path and
+    /// the client library ahead of its code, as a one-shot snippet does.
     pub(super) async fn run_snippet(
         &self,
         code: String,
         timeout: Duration,
+        grant: Option<&GuestGrant>,
     ) -> Result<SnippetOutcome, SessionFault> {
         let marker = format!("plimsoll-started:{}", random_hex());
-        let argv = started(&marker, &self.image.env, &["node", "-"]);
+        let mut env = self.image.env.clone();
+        let code = match grant {
+            Some(g) => {
+                env.push(format!(
+                    "{}={}",
+                    crate::grant::HOST_API_SOCKET,
+                    GUEST_SOCKET
+                ));
+                format!("{}{code}", crate::grant::host_client::node(g))
+            }
+            None => code,
+        };
+        let argv = started(&marker, &env, &["node", "-"]);
         let ran = self
             .exec_started(&marker, &argv, code.as_bytes(), OUTPUT_CAP, timeout)
             .await?;
@@ -155,7 +170,9 @@ impl DockerSession {
         } else {
             PROC_CHECKS_RUNC
         };
-        let runner_plan = project::runner_plan(&plan, &self.image, budget, proc_checks, None);
+        let host_sdk = plan.grant.as_deref().map(crate::grant::host_client::node);
+        let runner_plan =
+            project::runner_plan(&plan, &self.image, budget, proc_checks, host_sdk.as_deref());
         let stdin = runner::stdin(&key, &runner_plan)
             .map_err(|e| SessionFault::Infrastructure(format!("project plan: {e}")))?;
         let marker = format!("plimsoll-started:{}", random_hex());

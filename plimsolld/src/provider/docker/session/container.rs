@@ -38,6 +38,8 @@ pub struct Create<'a> {
     pub instance: &'a str,
     /// The seccomp profile, when one applies.
     pub seccomp: Option<&'a str>,
+    /// The session's broker socket, bound at the guest's host-api path.
+    pub socket: Option<&'a std::path::Path>,
 }
 
 /// The create body: the one lockdown shape, with `/work`, started as docker-init over `sleep`.
@@ -51,7 +53,7 @@ pub fn body(settings: &Settings, create: &Create<'_>) -> ContainerCreateBody {
             env: &[],
             argv: &argv,
             work: true,
-            socket: None,
+            socket: create.socket,
             identity: Identity::Guest,
             expires: create.expires,
             instance: create.instance,

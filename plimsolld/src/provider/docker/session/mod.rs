@@ -74,6 +74,7 @@ pub(super) async fn open(
             expires,
             instance: &instance,
             seccomp: verified.seccomp.as_deref(),
+            socket: open.host_socket.as_deref(),
         },
     );
     let engine = verified.engine.clone();
@@ -188,8 +189,9 @@ impl SessionSandbox for DockerSession {
         &mut self,
         code: String,
         timeout: std::time::Duration,
+        grant: Option<Arc<crate::grant::GuestGrant>>,
     ) -> Result<SnippetOutcome, SessionFault> {
-        self.run_snippet(code, timeout).await
+        self.run_snippet(code, timeout, grant.as_deref()).await
     }
 
     async fn project(&mut self, plan: ProjectPlan) -> Result<ProjectReport, SessionFault> {

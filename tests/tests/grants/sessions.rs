@@ -1,0 +1,337 @@
+//! Grants inside docker sessions (grants.md §1.5, §2.2 step 5, §3 docker row; providers.md
+//! §9.3 "Grants"; wire.md §6.6), through the real daemon and its supervised broker: one
+//! socket mounted at `/run/host-api.sock` for the session's whole life, answering 503
+//! `host api grant has ended` except while a call has lent a grant; only profiles with
+//! `allow_in_sessions` may be lent; route caps count across the session's calls.
+//!
+//! The runtime comes from `PLIMSOLL_TEST_DOCKER_RUNTIME` (`runc`, the default, or `runsc`);
+//! missing docker or images FAIL unless `PLIMSOLL_TEST_DOCKER_SKIP=1`.
+
+use std::net::SocketAddr;
+use std::time::{Duration, Instant};
+
+use plimsoll_tests::Daemon;
+use plimsoll_tests::connect::{self, ConnectError};
+use plimsoll_tests::docker::{docker_ready, runsc, tier};
+use plimsoll_tests::http1::{Connection, Request, Response};
+use plimsoll_tests::test_api::Reply;
+use serde_json::{Value, json};
+
+use super::docker::LOOK_AROUND;
+use crate::{AUDIENCE, Fixture, SECRET, assert_permission, bearers, borrowed, verify_jwt};
+
+/// A docker daemon's proof (snippet, project and session paths) takes a while.
+const START: Duration = Duration::from_secs(120);
+/// Bound on one answer (the calls' own deadline is [`CALL_TIMEOUT_MS`]).
+const ANSWER_TIMEOUT: Duration = Duration::from_secs(90);
+const CALL_TIMEOUT_MS: u32 = 30_000;
+/// Bound on the whole scenario.
+const SCENARIO: Duration = Duration::from_secs(300);
+
+/// The raw probe of the session's socket, past any client: status, body, the variable and
+/// whether a client is there, as one line.
+const RAW_PROBE: &str = r#"
+const fs = require('fs');
+const exists = fs.existsSync('/run/host-api.sock');
+const req = require('http').request({ socketPath: '/run/host-api.sock', path: '/items/7' }, (res) => {
+  let body = '';
+  res.setEncoding('utf8');
+  res.on('data', (c) => { body += c; });
+  res.on('end', () => console.log(JSON.stringify({ status: res.statusCode, body,
+    socket: String(process.env.HOST_API_SOCKET), host: typeof host, exists })));
+});
+req.on('error', (e) => console.log(JSON.stringify({ error: String(e), exists })));
+req.end();
+"#;
+
+/// A daemon that is stopped with SIGTERM when dropped, so its drain removes the session's
+/// container even when an assertion fails.
+struct Stopping(Daemon);
+
+impl std::ops::Deref for Stopping {
+    type Target = Daemon;
+    fn deref(&self) -> &Daemon {
+        &self.0
+    }
+}
+
+impl Drop for Stopping {
+    fn drop(&mut self) {
+        let _ = self.0.sigterm();
+    }
+}
+
+/// The grants file: `sess` may be lent in sessions and caps `GET /items/*` at 2 calls;
+/// `inv` is the same API without `allow_in_sessions`.
+fn session_profiles(f: &Fixture) -> Value {
+    let jwt = json!({ "type": "jwt", "secret_env": "INV_SECRET", "audience": AUDIENCE });
+    json!({ "profiles": {
+        "sess": {
+            "base_url": f.api.base_url(),
+            "allow": ["GET /items/*"],
+            "allowed_callers": ["alice"],
+            "scopes": ["inventory:read"],
+            "token": jwt,
+            "allow_in_sessions": true,
+            "route_max_calls": { "GET /items/*": 2 },
+        },
+        "inv": {
+            "base_url": f.api.base_url(),
+            "allow": ["GET /items/*"],
+            "allowed_callers": ["alice"],
+            "scopes": ["inventory:read"],
+            "token": jwt,
+        },
+    }})
+}
+
+fn session_daemon(f: &Fixture) -> Stopping {
+    let mut extra = vec![
+        ("SANDBOX_PROVIDER", "docker"),
+        ("SANDBOX_MAX_SESSIONS", "4"),
+        ("SANDBOX_MAX_CONCURRENT", "8"),
+    ];
+    if runsc() {
+        extra.push(("SANDBOX_DOCKER_RUNTIME", "runsc"));
+    }
+    let env = f.env(&extra);
+    Stopping(Daemon::start_within(&borrowed(&env), START))
+}
+
+fn send(addr: SocketAddr, req: &Request) -> Response {
+    let mut conn = Connection::open(addr);
+    conn.set_read_timeout(ANSWER_TIMEOUT);
+    conn.send(&req.to_bytes(addr)).expect("send");
+    conn.read_response(false).expect("answer")
+}
+
+fn call(d: &Daemon, token: &str, procedure: &str, body: &Value) -> Response {
+    send(d.addr, &connect::call_as(token, procedure, body))
+}
+
+/// A SessionRun with `payload` (`{"javascript": …}` or `{"project": …}`).
+fn session_run(d: &Daemon, token: &str, id: &str, payload: Value) -> Response {
+    let mut body = json!({
+        "protocol": connect::PROTOCOL,
+        "sessionId": id,
+        "timeoutMs": CALL_TIMEOUT_MS,
+    });
+    if let (Some(b), Some(p)) = (body.as_object_mut(), payload.as_object()) {
+        b.extend(p.clone());
+    }
+    call(d, token, "SessionRun", &body)
+}
+
+/// A snippet payload, lending `profile` ("" = none).
+fn snippet(code: &str, profile: &str) -> Value {
+    let mut js = json!({ "code": code });
+    if !profile.is_empty() {
+        js["grantProfile"] = json!(profile);
+    }
+    json!({ "javascript": js })
+}
+
+fn field(v: &Value, name: &str) -> String {
+    v[name]
+        .as_str()
+        .map(|b| String::from_utf8_lossy(&connect::decode_base64(b).expect("base64")).into_owned())
+        .unwrap_or_default()
+}
+
+/// A snippet call that must be answered with exit 0; answers `(stdout, stderr)`.
+fn snippet_ran(d: &Daemon, token: &str, id: &str, code: &str, profile: &str) -> (String, String) {
+    let resp = session_run(d, token, id, snippet(code, profile));
+    assert_eq!(resp.status, 200, "{code}: {resp}");
+    let run = resp.json()["run"].clone();
+    let js = &run["javascript"];
+    let (out, err) = (field(js, "stdout"), field(js, "stderr"));
+    assert_eq!(
+        js["exitCode"].as_i64().unwrap_or(0),
+        0,
+        "stdout: {out}\nstderr: {err}\n{run}"
+    );
+    assert_ne!(js["timedOut"], true, "{run}");
+    (out, err)
+}
+
+/// The single JSON line a probe printed.
+fn one_json_line(out: &str) -> Value {
+    serde_json::from_str(out.trim()).unwrap_or_else(|e| panic!("one JSON line ({e}): {out:?}"))
+}
+
+/// What the raw probe must see while no grant is lent: the socket mounted, 503 with the
+/// broker's text, no variable and no client.
+fn assert_grant_ended(seen: &Value) {
+    assert_eq!(
+        *seen,
+        json!({
+            "status": 503,
+            "body": "host api grant has ended\n",
+            "socket": "undefined",
+            "host": "undefined",
+            "exists": true,
+        }),
+        "an ungranted call sees the session's socket closed"
+    );
+}
+
+/// The (method, target) of every request the API recorded.
+fn targets(f: &Fixture) -> Vec<(String, String)> {
+    f.api
+        .requests()
+        .iter()
+        .map(|r| (r.method.clone(), r.target.clone()))
+        .collect()
+}
+
+fn get(path: &str) -> (String, String) {
+    ("GET".to_owned(), path.to_owned())
+}
+
+#[test]
+fn a_session_lends_a_grant_per_call_keeps_route_caps_and_refuses_profiles_not_for_sessions() {
+    if !docker_ready() {
+        return;
+    }
+    let started = Instant::now();
+    let f = Fixture::start();
+    f.api
+        .respond("GET", "/items/8", Reply::json(200, r#"{"id":8}"#));
+    f.api
+        .respond("GET", "/items/9", Reply::json(200, r#"{"id":9}"#));
+    f.write_grants(&session_profiles(&f));
+    let d = session_daemon(&f);
+
+    // 1. Open a session as alice.
+    let resp = call(
+        &d,
+        &f.alice,
+        "OpenSession",
+        &json!({ "protocol": connect::PROTOCOL }),
+    );
+    assert_eq!(resp.status, 200, "open: {resp}");
+    let opened = resp.json();
+    let id = opened["sessionId"].as_str().expect("sessionId").to_owned();
+    assert_eq!(opened["sandbox"], "docker", "{opened}");
+    assert_eq!(opened["isolation"], tier(), "{opened}");
+
+    // 2. No grant lent: the mounted socket answers 503, and there is no variable or client.
+    let (out, _) = snippet_ran(&d, &f.alice, &id, RAW_PROBE, "");
+    assert_grant_ended(&one_json_line(&out));
+    assert!(f.api.requests().is_empty(), "{:?}", targets(&f));
+
+    // 3. Lending `sess`: the client works, the API gets alice's JWT, nothing leaks.
+    let code = format!(
+        "(async () => {{\n{LOOK_AROUND}\n\
+         const item = await host.get('/items/7');\n\
+         console.log(JSON.stringify({{ item, socket: process.env.HOST_API_SOCKET, hits }}));\n\
+         }})().catch((e) => {{ console.error(String(e)); process.exit(3); }});"
+    );
+    let (out, err) = snippet_ran(&d, &f.alice, &id, &code, "sess");
+    let seen = one_json_line(&out);
+    assert_eq!(seen["item"], json!({ "id": 7 }), "{seen}");
+    assert_eq!(seen["socket"], "/run/host-api.sock", "{seen}");
+    assert_eq!(seen["hits"], json!(["/tmp/decoy"]), "{seen}");
+    assert_eq!(targets(&f), [get("/items/7")]);
+    let tokens = bearers(&f.api.requests());
+    assert_eq!(tokens.len(), 1, "{:?}", f.api.requests());
+    let claims = verify_jwt(&tokens[0], SECRET);
+    assert_eq!(claims["sub"], "alice", "{claims}");
+    assert_eq!(claims["scope"], "inventory:read", "{claims}");
+    for secret in [tokens[0].as_str(), SECRET] {
+        assert!(
+            !out.contains(secret) && !err.contains(secret),
+            "{out}\n{err}"
+        );
+    }
+
+    // 4. A profile without `allow_in_sessions`: refused before anything runs; the session
+    // goes on (the next calls use it).
+    let marker = "require('fs').writeFileSync('/work/refused-call-ran', 'ran')";
+    let resp = session_run(&d, &f.alice, &id, snippet(marker, "inv"));
+    assert_ne!(resp.status, 200, "expected a refusal:\n{resp}");
+    let refusal = ConnectError::of(&resp);
+    assert_permission(&refusal);
+    assert!(
+        refusal.message.contains("not allowed in sessions"),
+        "{refusal:?}"
+    );
+    assert_eq!(targets(&f), [get("/items/7")]);
+
+    // 5. A project call lending `sess`: every node a step starts has the client and the
+    // variable; this is the capped route's second call.
+    let steps = [
+        "node -e \"host.get('/items/8').then(r=>console.log(JSON.stringify(r)))\"",
+        "echo \"$HOST_API_SOCKET\"",
+        "test -e /work/refused-call-ran && echo ran || echo 'nothing ran'",
+    ];
+    let resp = session_run(
+        &d,
+        &f.alice,
+        &id,
+        json!({ "project": { "steps": steps, "grantProfile": "sess" } }),
+    );
+    assert_eq!(resp.status, 200, "project: {resp}");
+    let run = resp.json()["run"].clone();
+    let project = &run["project"];
+    assert_eq!(project["outcome"], "PROJECT_OUTCOME_COMPLETED", "{run}");
+    let outs: Vec<String> = (0..steps.len())
+        .map(|i| field(&project["steps"][i], "stdout"))
+        .collect();
+    assert_eq!(
+        outs,
+        ["{\"id\":8}\n", "/run/host-api.sock\n", "nothing ran\n"],
+        "{run}"
+    );
+    assert_eq!(targets(&f), [get("/items/7"), get("/items/8")]);
+    let tokens = bearers(&f.api.requests());
+    assert_eq!(tokens.len(), 2, "{:?}", f.api.requests());
+    assert_eq!(verify_jwt(&tokens[1], SECRET)["sub"], "alice");
+    assert_ne!(tokens[0], tokens[1], "minted per granted session call");
+    for text in &outs {
+        assert!(
+            !text.contains(&tokens[1]) && !text.contains(SECRET),
+            "{text}"
+        );
+    }
+
+    // 6. A third call on the capped route, in a new granted call: the session-long count
+    // refuses it, and the API never sees it.
+    let third = "host.get('/items/9').then((r) => console.log('reached', JSON.stringify(r)),\n\
+                 (e) => console.log(JSON.stringify(e.message)));";
+    let (out, _) = snippet_ran(&d, &f.alice, &id, third, "sess");
+    assert_eq!(
+        out, "\"host api 429: host api route call limit reached\\n\"\n",
+        "the route cap holds across the session's calls"
+    );
+    assert_eq!(targets(&f), [get("/items/7"), get("/items/8")]);
+
+    // 7. The grant went back when the call's code ended: 503 again on the raw socket.
+    let (out, _) = snippet_ran(&d, &f.alice, &id, RAW_PROBE, "");
+    assert_grant_ended(&one_json_line(&out));
+    assert_eq!(targets(&f), [get("/items/7"), get("/items/8")]);
+
+    // 8. Close the session.
+    let resp = call(
+        &d,
+        &f.alice,
+        "CloseSession",
+        &json!({ "protocol": connect::PROTOCOL, "sessionId": id }),
+    );
+    assert_eq!(resp.status, 200, "close: {resp}");
+    let summary = resp.json();
+    assert_eq!(summary["ended"], "SESSION_END_CLOSED", "{summary}");
+    assert_eq!(targets(&f), [get("/items/7"), get("/items/8")]);
+
+    // The daemon's log never held the credential.
+    let logs = d.logs().join("\n");
+    for token in bearers(&f.api.requests()) {
+        assert!(!logs.contains(&token));
+    }
+    assert!(!logs.contains(SECRET));
+    assert!(
+        started.elapsed() < SCENARIO,
+        "the scenario took {:?}",
+        started.elapsed()
+    );
+}
