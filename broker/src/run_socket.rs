@@ -22,7 +22,8 @@ use std::time::Duration;
 use bytes::Bytes;
 use http::header::CONTENT_TYPE;
 use http::{Request, Response};
-use http_body_util::Full;
+use http_body::Body as _;
+use http_body_util::{BodyExt, Full, Limited};
 use hyper::body::Incoming;
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioIo, TokioTimer};
@@ -44,6 +45,10 @@ pub const MAX_CONNECTIONS: usize = 32;
 pub const READ_HEADER_TIMEOUT: Duration = Duration::from_secs(5);
 /// Largest request head.
 pub const MAX_HEADER_BYTES: usize = 16 * 1024;
+/// Most unread request bytes read after an early refusal; more and the connection closes.
+const DRAIN_LIMIT: usize = 256 * 1024;
+/// How long reading them may take.
+const DRAIN_TIMEOUT: Duration = Duration::from_secs(1);
 /// How long an answer may make no progress because the guest does not read it.
 pub const WRITE_STALL_TIMEOUT: Duration = Duration::from_secs(30);
 /// How long a connection may take to finish its answer once the run (or session) has ended.
@@ -211,16 +216,29 @@ async fn answer(run: Option<&Run>, request: Request<Incoming>) -> Response<Full<
     let Some(run) = run else {
         return to_response(Reply::broker(503, message::ENDED));
     };
-    let uri = request.uri();
+    let (parts, mut body) = request.into_parts();
+    let uri = &parts.uri;
     // Only origin-form targets: an absolute URI or authority form names no route.
     let reply = if uri.scheme().is_some() || uri.authority().is_some() {
         Reply::broker(403, message::FORBIDDEN)
     } else {
-        let method = request.method().as_str().to_owned();
         let target = uri.to_string();
-        run.call(&method, &target, request.into_body()).await
+        run.call(parts.method.as_str(), &target, &mut body).await
     };
+    drain(&mut body).await;
     to_response(reply)
+}
+
+/// Reads what is left of a request body a refusal answered without reading (bounded by
+/// [`DRAIN_LIMIT`] and [`DRAIN_TIMEOUT`]). A connection closed with the guest's body still
+/// unread can reset before the guest reads the answer, or fail the guest's own write of the
+/// body; drained, the guest reliably gets the refusal and the connection stays usable.
+async fn drain(body: &mut Incoming) {
+    if body.is_end_stream() {
+        return;
+    }
+    let rest = Limited::new(body, DRAIN_LIMIT).collect();
+    let _ = tokio::time::timeout(DRAIN_TIMEOUT, rest).await;
 }
 
 /// A stream whose writes fail with `TimedOut` once they have made no progress for `limit`: a

@@ -375,3 +375,67 @@ async fn after_an_upstream_503_a_healthy_probe_closes_the_breaker() {
         "the probe is not charged"
     );
 }
+
+#[tokio::test]
+async fn a_refusal_given_before_the_body_arrives_reaches_the_guest_on_a_usable_connection() {
+    let api = TestApi::start();
+    api.respond("GET", "/items/a", Reply::json(200, r#"{"id":"a"}"#));
+    let broker = Broker::start(
+        &api,
+        &grants(json!({"inv": jwt_profile(&api, "JWT_SECRET_A", &["GET /items/*"])})),
+    )
+    .await;
+    let grant = broker.open("alice", "inv").await;
+    let mut stream = UnixStream::connect(&grant.socket).await.unwrap();
+    // The route is refused from the head alone; the body comes after the broker has decided.
+    stream
+        .write_all(b"POST /admin HTTP/1.1\r\nhost: api\r\ncontent-length: 5\r\n\r\n")
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    stream.write_all(b"hello").await.unwrap();
+    let refused = read_one_answer(&mut stream).await;
+    assert!(refused.starts_with("HTTP/1.1 403"), "{refused}");
+    assert!(
+        refused.ends_with("forbidden by sandbox capability allowlist\n"),
+        "{refused}"
+    );
+    // The same connection carries the next call.
+    stream
+        .write_all(b"GET /items/a HTTP/1.1\r\nhost: api\r\n\r\n")
+        .await
+        .unwrap();
+    let allowed = read_one_answer(&mut stream).await;
+    assert!(allowed.starts_with("HTTP/1.1 200"), "{allowed}");
+    assert!(allowed.ends_with(r#"{"id":"a"}"#), "{allowed}");
+    assert_eq!(
+        api.requests().len(),
+        1,
+        "the refused call never reached the API"
+    );
+}
+
+/// Reads one HTTP/1.1 answer with a `content-length` from a kept-alive connection.
+async fn read_one_answer(stream: &mut UnixStream) -> String {
+    let mut raw = Vec::new();
+    let mut byte = [0u8; 1];
+    let read = async {
+        while !raw.ends_with(b"\r\n\r\n") {
+            assert_eq!(stream.read(&mut byte).await.unwrap(), 1, "closed mid-head");
+            raw.push(byte[0]);
+        }
+        let head = String::from_utf8_lossy(&raw).to_ascii_lowercase();
+        let length: usize = head
+            .lines()
+            .find_map(|l| l.strip_prefix("content-length: "))
+            .and_then(|v| v.trim().parse().ok())
+            .expect("a content-length");
+        let mut body = vec![0; length];
+        stream.read_exact(&mut body).await.unwrap();
+        raw.extend_from_slice(&body);
+    };
+    tokio::time::timeout(Duration::from_secs(10), read)
+        .await
+        .expect("no answer");
+    String::from_utf8(raw).unwrap()
+}
