@@ -44,23 +44,6 @@ req.on('error', (e) => console.log(JSON.stringify({ error: String(e), exists }))
 req.end();
 "#;
 
-/// A daemon that is stopped with SIGTERM when dropped, so its drain removes the session's
-/// container even when an assertion fails.
-struct Stopping(Daemon);
-
-impl std::ops::Deref for Stopping {
-    type Target = Daemon;
-    fn deref(&self) -> &Daemon {
-        &self.0
-    }
-}
-
-impl Drop for Stopping {
-    fn drop(&mut self) {
-        let _ = self.0.sigterm();
-    }
-}
-
 /// The grants file: `sess` may be lent in sessions and caps `GET /items/*` at 2 calls;
 /// `inv` is the same API without `allow_in_sessions`.
 fn session_profiles(f: &Fixture) -> Value {
@@ -85,7 +68,9 @@ fn session_profiles(f: &Fixture) -> Value {
     }})
 }
 
-fn session_daemon(f: &Fixture) -> Stopping {
+/// A dropped `Daemon` is stopped with SIGTERM, so its drain removes the session's container
+/// even when an assertion fails.
+fn session_daemon(f: &Fixture) -> Daemon {
     let mut extra = vec![
         ("SANDBOX_PROVIDER", "docker"),
         ("SANDBOX_MAX_SESSIONS", "4"),
@@ -95,7 +80,7 @@ fn session_daemon(f: &Fixture) -> Stopping {
         extra.push(("SANDBOX_DOCKER_RUNTIME", "runsc"));
     }
     let env = f.env(&extra);
-    Stopping(Daemon::start_within(&borrowed(&env), START))
+    Daemon::start_within(&borrowed(&env), START)
 }
 
 fn send(addr: SocketAddr, req: &Request) -> Response {
