@@ -24,6 +24,7 @@ use crate::grant::{GuestGrant, OpenGrant, SessionSlot};
 use crate::provider::{CellCall, Hold, ProjectPlan, SessionFault, SessionSandbox};
 use crate::record::Answer;
 use crate::session::{Entry, OpenTerms, Sessions, Stated, Turn, TurnGuard, terms};
+use broker::control::protocol::RunSummary;
 
 // === OpenSession ===
 
@@ -310,13 +311,15 @@ impl Call {
         }
         // The call's code has ended: the socket goes back to answering 503 before the answer
         // (and before the sweep), so nothing the call left running keeps its grant.
+        let mut host_calls = None;
         if let (Some(grant), Some(profile)) = (lent, &self.profile)
             && let Some(summary) = grant.close().await
         {
             self.state.metrics.host_calls(profile, &summary);
+            host_calls = Some(summary);
         }
         let answer = match ran {
-            Ok(result) => Ok(self.answer(&mut turn, result)),
+            Ok(result) => Ok(self.answer(&mut turn, result, host_calls.as_ref())),
             // Nothing of the call ran, but a cell may have started launching an interpreter:
             // the sweep still proves the boundary before the next call.
             Err(SessionFault::Refused(r)) => Err(r.into()),
@@ -406,7 +409,12 @@ impl Call {
         }
     }
 
-    fn answer(&self, turn: &mut TurnGuard, result: run_response::Result) -> SessionRunResponse {
+    fn answer(
+        &self,
+        turn: &mut TurnGuard,
+        result: run_response::Result,
+        host_calls: Option<&RunSummary>,
+    ) -> SessionRunResponse {
         let s = &self.entry.stated;
         let mut resp = RunResponse {
             sandbox: s.sandbox.to_owned(),
@@ -435,6 +443,9 @@ impl Call {
             session = %short(&self.entry.stated.fingerprint),
             kind = self.kind.as_str(),
             sequence = turn.sequence,
+            grant_profile = self.profile.as_deref().unwrap_or_default(),
+            host_calls = host_calls.map(|h| h.calls),
+            host_calls_denied = host_calls.map(|h| h.denied).filter(|&n| n > 0),
             duration_ms = resp.duration_ms,
             trace_id = trace.unwrap_or_default(),
             trace_id_rejected = trace.is_none() && !self.req.trace_id.is_empty(),

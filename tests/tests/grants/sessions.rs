@@ -314,6 +314,18 @@ fn a_session_lends_a_grant_per_call_keeps_route_caps_and_refuses_profiles_not_fo
         assert!(!logs.contains(&token));
     }
     assert!(!logs.contains(SECRET));
+    // Its audit lines name the profile of each granted call and the broker's count for it:
+    // one call each for the snippet and the project, and the capped call counted as denied.
+    let granted: Vec<(u64, u64)> = d
+        .log_records()
+        .iter()
+        .filter(|r| r["op"] == "session_run" && r["grant_profile"] == "sess")
+        .map(|r| {
+            let n = |k: &str| r[k].as_u64().unwrap_or(0);
+            (n("host_calls"), n("host_calls_denied"))
+        })
+        .collect();
+    assert_eq!(granted, [(1, 0), (1, 0), (1, 1)], "{logs}");
     assert!(
         started.elapsed() < SCENARIO,
         "the scenario took {:?}",
