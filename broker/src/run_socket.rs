@@ -38,7 +38,7 @@ use crate::session::Session;
 /// The socket's file name.
 pub const SOCKET_NAME: &str = "host-api.sock";
 /// Prefix of a run socket's directory (the daemon's orphan sweep knows it).
-pub const DIR_PREFIX: &str = "crsbx-broker";
+pub const DIR_PREFIX: &str = crate::control::protocol::RUN_DIR_PREFIX;
 /// Connections served at once per socket.
 pub const MAX_CONNECTIONS: usize = 32;
 /// Time to send a request's headers.

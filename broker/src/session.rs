@@ -27,7 +27,7 @@ use crate::run_socket::RunSocket;
 use crate::runs::{DEADLINE_GRACE, Runs, is_hex_id, refused};
 
 /// Prefix of a session socket's directory (plimsolld's orphan sweep knows it).
-pub const SESSION_DIR_PREFIX: &str = "crsbx-session-broker";
+pub const SESSION_DIR_PREFIX: &str = crate::control::protocol::SESSION_DIR_PREFIX;
 /// Sessions open at once.
 pub const MAX_SESSIONS: usize = 1024;
 /// Longest a session timer is set for: a deadline further out is held to this, so the

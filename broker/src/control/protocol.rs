@@ -12,6 +12,12 @@ use serde::{Deserialize, Serialize};
 /// The protocol version [`Hello`] reports.
 pub const VERSION: u32 = 1;
 
+/// Prefix of a run socket's private directory. Defined here, in the part plimsolld links,
+/// because plimsolld's orphan sweep reaps the directories a dead broker left behind.
+pub const RUN_DIR_PREFIX: &str = "crsbx-broker";
+/// Prefix of a session socket's private directory.
+pub const SESSION_DIR_PREFIX: &str = "crsbx-session-broker";
+
 /// Longest request or response line either side accepts, newline excluded.
 pub const MAX_LINE_BYTES: usize = 1024 * 1024;
 
