@@ -106,17 +106,6 @@ pub struct GuestGrant {
     pub preamble: String,
 }
 
-// === impl GuestGrant ===
-
-impl GuestGrant {
-    /// The client library for a Node guest (`node:http` over `HOST_API_SOCKET`): what a
-    /// docker project preloads as its plan's `hostSDK` (`node --import`), with [`Self::socket`]
-    /// bound at `/run/host-api.sock` and `HOST_API_SOCKET` set in each step's environment.
-    pub fn host_sdk(&self) -> String {
-        host_client::node(self)
-    }
-}
-
 /// The daemon's grant handle: off, or a broker it talks to.
 pub struct Grants {
     live: Option<Arc<Live>>,

@@ -430,18 +430,8 @@ impl Provider for Docker {
         let timeout = timeout.min(settings::SNIPPET_MAX_TIMEOUT);
         // A granted snippet: its socket mounted, its variable set and the client library
         // before its code; a pooled container has none of them, so it gets a fresh one.
-        let (code, socket, grant_env) = match &grant {
-            Some(g) => (
-                format!("{}{code}", crate::grant::host_client::node(g)),
-                Some(g.socket.as_path()),
-                vec![format!(
-                    "{}={}",
-                    crate::grant::HOST_API_SOCKET,
-                    lockdown::GUEST_SOCKET
-                )],
-            ),
-            None => (code, None, Vec::new()),
-        };
+        let (code, grant_env) = granted_snippet(code, grant.as_deref());
+        let socket = grant.as_deref().map(|g| g.socket.as_path());
         let claimed = match grant {
             Some(_) => None,
             None => inner
@@ -691,6 +681,26 @@ impl Docker {
             return Err(smoke(format!("the language probe answered {stdout:?}")));
         }
         Ok(languages)
+    }
+}
+
+/// A granted snippet, one-shot or in a session (grants.md §3, docker row): the client
+/// library goes before its code and its socket's path into its environment. Without a grant,
+/// the code as is and nothing added.
+fn granted_snippet(
+    code: String,
+    grant: Option<&crate::grant::GuestGrant>,
+) -> (String, Vec<String>) {
+    match grant {
+        Some(g) => (
+            format!("{}{code}", crate::grant::host_client::node(g)),
+            vec![format!(
+                "{}={}",
+                crate::grant::HOST_API_SOCKET,
+                lockdown::GUEST_SOCKET
+            )],
+        ),
+        None => (code, Vec::new()),
     }
 }
 

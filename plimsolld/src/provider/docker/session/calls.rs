@@ -9,7 +9,7 @@ use tokio::time::Instant;
 
 use super::super::container::{EXIT_TIMED_OUT, Finished, random_hex};
 use super::super::exec::{self, ExecOutcome, ExecSpec};
-use super::super::lockdown::{GUEST_SOCKET, START_SCRIPT};
+use super::super::lockdown::START_SCRIPT;
 use super::super::project::{self, GUARD, REPORT_GRACE, RUNNER};
 use super::super::runner::{self, ReportKey};
 use super::super::settings::OUTPUT_CAP;
@@ -127,18 +127,9 @@ impl DockerSession {
         grant: Option<&GuestGrant>,
     ) -> Result<SnippetOutcome, SessionFault> {
         let marker = format!("plimsoll-started:{}", random_hex());
+        let (code, grant_env) = super::super::granted_snippet(code, grant);
         let mut env = self.image.env.clone();
-        let code = match grant {
-            Some(g) => {
-                env.push(format!(
-                    "{}={}",
-                    crate::grant::HOST_API_SOCKET,
-                    GUEST_SOCKET
-                ));
-                format!("{}{code}", crate::grant::host_client::node(g))
-            }
-            None => code,
-        };
+        env.extend(grant_env);
         let argv = started(&marker, &env, &["node", "-"]);
         let ran = self
             .exec_started(&marker, &argv, code.as_bytes(), OUTPUT_CAP, timeout)
