@@ -52,6 +52,17 @@ pub(crate) fn refused(reason: RefusalReason, message: impl Into<String>) -> Resp
     })
 }
 
+/// Time left until `deadline_unix_ms` as seen at `now`; `None` once it has passed.
+pub(crate) fn time_left(deadline_unix_ms: u64, now: SystemTime) -> Option<Duration> {
+    let now_ms = now
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX));
+    deadline_unix_ms
+        .checked_sub(now_ms)
+        .filter(|&ms| ms > 0)
+        .map(Duration::from_millis)
+}
+
 /// Run ids and session slot ids are 32 lowercase hex characters.
 pub(crate) fn is_hex_id(id: &str) -> bool {
     id.len() == 32
@@ -134,16 +145,12 @@ impl Runs {
             );
         }
         let now = SystemTime::now();
-        let now_ms = now
-            .duration_since(UNIX_EPOCH)
-            .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX));
-        if request.deadline_unix_ms <= now_ms {
+        let Some(budget) = time_left(request.deadline_unix_ms, now) else {
             return refused(
                 RefusalReason::Capacity,
                 "the run's deadline has already passed",
             );
-        }
-        let budget = Duration::from_millis(request.deadline_unix_ms - now_ms);
+        };
         let credential = match credential::mint(
             &profile.token,
             &request.principal,

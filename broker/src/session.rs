@@ -15,7 +15,7 @@ use std::collections::HashMap;
 use std::net::IpAddr;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, SystemTime};
 
 use tokio::sync::watch;
 
@@ -24,7 +24,7 @@ use crate::control::protocol::{OpenSession, RefusalReason, Response, SessionSock
 use crate::grants::{Origin, Route};
 use crate::run::Run;
 use crate::run_socket::RunSocket;
-use crate::runs::{DEADLINE_GRACE, Runs, is_hex_id, refused};
+use crate::runs::{DEADLINE_GRACE, Runs, is_hex_id, refused, time_left};
 
 /// Prefix of a session socket's directory (plimsolld's orphan sweep knows it).
 pub const SESSION_DIR_PREFIX: &str = crate::control::protocol::SESSION_DIR_PREFIX;
@@ -259,16 +259,13 @@ impl Runs {
         if self.sessions().get(&request.session).is_some() {
             return refused(RefusalReason::Request, "duplicate session id");
         }
-        let now_ms = SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX));
-        if request.deadline_unix_ms <= now_ms {
+        let Some(life) = time_left(request.deadline_unix_ms, SystemTime::now()) else {
             return refused(
                 RefusalReason::Capacity,
                 "the session's deadline has already passed",
             );
-        }
-        let life = Duration::from_millis(request.deadline_unix_ms - now_ms).min(MAX_SESSION_LIFE);
+        };
+        let life = life.min(MAX_SESSION_LIFE);
         let (socket, listener) = match RunSocket::bind(SESSION_DIR_PREFIX) {
             Ok(bound) => bound,
             Err(error) => {
