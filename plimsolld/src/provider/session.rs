@@ -70,6 +70,19 @@ impl SessionFault {
             detail: detail.into(),
         }
     }
+
+    /// The end a fault of the daemon's own step (`step`: the sweep, a suspend) gives the
+    /// session: its own end, else `boundary_failed` with `detail`; the cause goes to the log
+    /// only, never to the caller.
+    pub fn into_end(self, step: &'static str, detail: &str) -> (SessionEnd, String) {
+        match self {
+            SessionFault::Ended { reason, detail } => (reason, detail),
+            other => {
+                tracing::warn!(error = %other, step, "session step failed");
+                (SessionEnd::SESSION_END_BOUNDARY_FAILED, detail.to_owned())
+            }
+        }
+    }
 }
 
 /// One cell: code for a language's long-lived interpreter, after files are written.

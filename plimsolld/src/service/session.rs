@@ -524,16 +524,8 @@ fn sweep_after(sessions: Arc<Sessions>, entry: Arc<Entry>, mut turn: TurnGuard) 
         let swept = sandbox.sweep().await;
         drop(turn);
         if let Err(fault) = swept {
-            let (reason, detail) = match fault {
-                SessionFault::Ended { reason, detail } => (reason, detail),
-                other => {
-                    tracing::warn!(error = %other, "session sweep failed");
-                    (
-                        SessionEnd::SESSION_END_BOUNDARY_FAILED,
-                        "the between-calls cleanup could not be proven".to_owned(),
-                    )
-                }
-            };
+            let (reason, detail) =
+                fault.into_end("sweep", "the between-calls cleanup could not be proven");
             sessions.end(&entry, reason, &detail);
         }
     });

@@ -9,7 +9,6 @@ use tokio::time::Instant;
 
 use super::terms::UNCLAIMED_WITHOUT_IDLE;
 use super::{Entry, Sessions};
-use crate::provider::SessionFault;
 
 /// What the watcher does next, and when.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -92,16 +91,8 @@ async fn suspend(sessions: &Arc<Sessions>, entry: &Arc<Entry>) {
     match sandbox.suspend().await {
         Ok(()) => entry.set_suspended(true),
         Err(fault) => {
-            let (reason, detail) = match fault {
-                SessionFault::Ended { reason, detail } => (reason, detail),
-                other => {
-                    tracing::warn!(error = %other, "session suspend failed");
-                    (
-                        SessionEnd::SESSION_END_BOUNDARY_FAILED,
-                        "the idle session could not be suspended".to_owned(),
-                    )
-                }
-            };
+            let (reason, detail) =
+                fault.into_end("suspend", "the idle session could not be suspended");
             drop(turn);
             sessions.end(entry, reason, &detail);
         }
