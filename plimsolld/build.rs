@@ -9,6 +9,11 @@
 //! build with a message that names it.
 //!
 //! Nothing happens when the `wasm` feature is off.
+//!
+//! With the `openshell` feature it also generates the OpenShell gateway's client and messages
+//! from the workspace's `proto/openshell/` (the one source, checked against OpenShell's
+//! published package; nothing generated is checked in). protoc finds the well-known types in
+//! its own include directory, which Debian's `libprotobuf-dev` provides (scripts/setup).
 
 use std::env;
 use std::path::{Path, PathBuf};
@@ -23,6 +28,11 @@ const TARGET: &str = "wasm32-wasip1";
 const WASI_LIBC_HEADER: &str = "/usr/include/wasm32-wasi/stdio.h";
 
 fn main() {
+    #[cfg(feature = "openshell")]
+    if let Err(message) = openshell_protos() {
+        eprintln!("plimsolld build: the OpenShell protocol: {message}");
+        std::process::exit(1);
+    }
     if env::var_os("CARGO_FEATURE_WASM").is_none() {
         return;
     }
@@ -118,5 +128,23 @@ fn check_tools() -> Result<(), String> {
              run `apt-get install -y wasi-libc` or scripts/setup-wasm"
         ));
     }
+    Ok(())
+}
+
+/// The gateway's client (no server) and messages, with ordered maps so a policy's encoding,
+/// and so its hash, is the same every time.
+#[cfg(feature = "openshell")]
+fn openshell_protos() -> Result<(), Box<dyn std::error::Error>> {
+    let manifest_dir = PathBuf::from(env::var_os("CARGO_MANIFEST_DIR").unwrap_or_default());
+    let dir = manifest_dir.join("../proto/openshell");
+    let files = ["openshell.proto", "sandbox.proto", "datamodel.proto"].map(|f| dir.join(f));
+    for file in &files {
+        println!("cargo::rerun-if-changed={}", file.display());
+    }
+    tonic_prost_build::configure()
+        .btree_map(".")
+        .build_server(false)
+        .build_client(true)
+        .compile_protos(&files, &[dir])?;
     Ok(())
 }

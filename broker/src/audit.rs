@@ -1,5 +1,11 @@
 //! One structured audit line per run, when it closes (`spec/grants.md` §2.4): who, which
 //! profile, how many calls and of which routes. Never a body, a path or a credential.
+//!
+//! A session call's line also says when it did not have the sandbox to itself:
+//! `kept_from_earlier_calls` counts the processes earlier calls left running (the cell
+//! interpreters), which plimsolld held stopped while the grant was lent. Requests on the
+//! socket cannot be told apart by process under gVisor, so the line marks the whole call
+//! rather than charging it silently with whatever those processes might have sent.
 
 use crate::control::protocol::RunSummary;
 use crate::run::Run;
@@ -41,6 +47,7 @@ pub fn run_closed(run: &Run, summary: &RunSummary, reason: CloseReason) {
         host_calls_denied = nonzero(summary.denied),
         host_calls_dropped = nonzero(summary.dropped),
         host_calls_shed = nonzero(summary.shed),
+        kept_from_earlier_calls = nonzero(u64::from(run.kept_from_earlier_calls())),
         routes = routes.as_str(),
         end = reason.as_str(),
         "grant run closed"

@@ -8,7 +8,7 @@ use jsonwebtoken::{Algorithm, EncodingKey, Header};
 use rand::RngCore;
 use serde::Serialize;
 
-use crate::grants::TokenSpec;
+use crate::grants::{TokenSpec, is_token_text};
 
 /// Slack added to the run's remaining budget for a JWT's lifetime.
 pub const LIFETIME_SLACK: Duration = Duration::from_secs(5);
@@ -42,11 +42,6 @@ impl fmt::Debug for Credential {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str("Credential(<redacted>)")
     }
-}
-
-/// Whether `s` is non-empty and only bytes 0x21–0x7e: safe as a bearer token.
-pub fn is_token_text(s: &str) -> bool {
-    !s.is_empty() && s.bytes().all(|b| (0x21..=0x7e).contains(&b))
 }
 
 #[derive(Serialize)]

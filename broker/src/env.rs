@@ -10,9 +10,19 @@ pub const GRANTS_FILE: &str = "PLIMSOLL_GRANTS_FILE";
 /// Path of the broker's control socket: the broker listens there, plimsolld connects there.
 pub const BROKER_SOCKET: &str = "PLIMSOLL_BROKER_SOCKET";
 
+/// Path of the broker's guard socket (optional): with it the broker serves the `guard`
+/// binary there and runs and sessions may ask for guard delivery. Named by the guard crate,
+/// which reads it too.
+pub use guard::env::BROKER_GUARD_SOCKET;
+
 /// Optional PEM file of extra roots trusted for upstream TLS, besides the built-in webpki
 /// roots: for an operator's private CA, and for tests.
 pub const BROKER_CA_FILE: &str = "PLIMSOLL_BROKER_CA_FILE";
+
+/// The uid docker guests run as (plimsolld's `SANDBOX_GUEST_UID`): besides root and the
+/// broker's own uid, the only peer a guest socket answers. Default 61000; a plimsolld that
+/// supervises the broker sets it from its own configuration.
+pub const BROKER_GUEST_UID: &str = "PLIMSOLL_BROKER_GUEST_UID";
 
 /// Log format on stderr: `json` (the default) or `text`.
 pub const LOG_FORMAT: &str = "PLIMSOLL_LOG_FORMAT";

@@ -16,11 +16,20 @@ use clap::Parser;
         "Environment:\n  \
          {:<25} grants file (required; reloaded on change and on SIGHUP)\n  \
          {:<25} control socket path for plimsolld (required, absolute; mode 0600)\n  \
+         {:<25} guard socket path for the guard binary (optional, absolute; mode 0660)\n  \
          {:<25} extra PEM roots for upstream TLS (optional)\n  \
+         {:<25} the uid docker guests run as; guest sockets answer only it, root and\n  \
+         {:<25} the broker's uid (default 61000)\n  \
          {:<25} log format on stderr: json (default) or text\n\n\
          Profiles name further variables (token.env, token.secret_env) holding secrets;\n\
          they are read from this process's environment at each load.",
-        env::GRANTS_FILE, env::BROKER_SOCKET, env::BROKER_CA_FILE, env::LOG_FORMAT
+        env::GRANTS_FILE,
+        env::BROKER_SOCKET,
+        env::BROKER_GUARD_SOCKET,
+        env::BROKER_CA_FILE,
+        env::BROKER_GUEST_UID,
+        "",
+        env::LOG_FORMAT
     )
 )]
 struct Args {}

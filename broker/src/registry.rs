@@ -9,7 +9,9 @@ use std::path::Path;
 use std::sync::Arc;
 
 use arc_swap::ArcSwap;
+use sha2::{Digest, Sha256};
 
+use crate::control::protocol::{Catalogue, CatalogueEntry};
 use crate::env::Environment;
 use crate::grants::{self, Callers, GrantsError, Profile};
 
@@ -18,6 +20,7 @@ use crate::grants::{self, Callers, GrantsError, Profile};
 pub struct Registry {
     generation: u64,
     profiles: BTreeMap<String, Arc<Profile>>,
+    catalogue: Arc<Catalogue>,
 }
 
 // === impl Registry ===
@@ -29,10 +32,21 @@ impl Registry {
             .into_iter()
             .map(|p| (p.name.clone(), Arc::new(p)))
             .collect();
-        Ok(Self {
+        Ok(Self::of(profiles, generation))
+    }
+
+    fn of(profiles: BTreeMap<String, Arc<Profile>>, generation: u64) -> Self {
+        let catalogue = Arc::new(catalogue(&profiles));
+        Self {
             generation,
             profiles,
-        })
+            catalogue,
+        }
+    }
+
+    /// The credential-free catalogue plimsolld checks requests against.
+    pub fn catalogue(&self) -> Arc<Catalogue> {
+        self.catalogue.clone()
     }
 
     /// How many loads led to this registry (1 for the first).
@@ -61,6 +75,26 @@ impl Registry {
             .values()
             .filter(|p| p.callers == Callers::Any)
             .map(|p| p.name.as_str())
+    }
+}
+
+/// The catalogue of `profiles`, its fingerprint a SHA-256 of the entries' JSON.
+fn catalogue(profiles: &BTreeMap<String, Arc<Profile>>) -> Catalogue {
+    let entries: Vec<CatalogueEntry> = profiles
+        .values()
+        .map(|p| CatalogueEntry {
+            name: p.name.clone(),
+            allowed_callers: match &p.callers {
+                Callers::Any => vec!["*".to_owned()],
+                Callers::Only(ids) => ids.iter().cloned().collect(),
+            },
+            allow_in_sessions: p.allow_in_sessions,
+        })
+        .collect();
+    let text = serde_json::to_vec(&entries).unwrap_or_default();
+    Catalogue {
+        fingerprint: hex::encode(Sha256::digest(&text)),
+        profiles: entries,
     }
 }
 

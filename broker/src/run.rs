@@ -3,8 +3,9 @@
 //!
 //! A run holds the profile it opened with (an immutable snapshot), so a registry swap
 //! never changes it. A run lent to a session charges its route caps to the session's shared
-//! counts instead of its own. Ending a run flips a watch channel that every in-flight upstream call
-//! selects on: the call is cut and answered 503, and later calls get the same 503.
+//! counts instead of its own ([`crate::route_caps`]). Ending a run flips a watch channel that
+//! every in-flight upstream call selects on: the call is cut and answered 503, and later calls
+//! get the same 503.
 
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
@@ -18,7 +19,7 @@ use crate::breaker::{Breaker, Gate};
 use crate::control::protocol::RunSummary;
 use crate::credential::Credential;
 use crate::grants::{Profile, Target};
-use crate::session::{SessionCounts, cap_key};
+use crate::route_caps::{RouteCaps, SessionCounts};
 use crate::trace::{Trace, TraceRow};
 use crate::upstream::{Upstream, UpstreamError, UpstreamReply};
 
@@ -79,16 +80,7 @@ impl Reply {
 
 struct State {
     trace: Trace,
-    /// A plain run's own counts, one per entry of `profile.route_caps`.
-    cap_counts: Vec<u32>,
     breaker: Breaker,
-}
-
-/// A lent run's share of its session's route-cap counts.
-struct SharedCaps {
-    counts: Arc<SessionCounts>,
-    /// The key of each entry of `profile.route_caps`.
-    keys: Vec<String>,
 }
 
 /// One open run.
@@ -105,7 +97,8 @@ pub struct Run {
     ended: watch::Sender<bool>,
     slots: Arc<Semaphore>,
     state: Mutex<State>,
-    shared_caps: Option<SharedCaps>,
+    caps: RouteCaps,
+    kept_from_earlier_calls: u32,
 }
 
 // === impl Run ===
@@ -120,8 +113,8 @@ impl Run {
         deadline: Instant,
         upstream: Upstream,
     ) -> Self {
-        let caps = profile.route_caps.len();
         Self {
+            caps: RouteCaps::own(&profile),
             id,
             principal,
             profile,
@@ -132,23 +125,28 @@ impl Run {
             slots: Arc::new(Semaphore::new(SLOTS as usize)),
             state: Mutex::new(State {
                 trace: Trace::default(),
-                cap_counts: vec![0; caps],
                 breaker: Breaker::default(),
             }),
-            shared_caps: None,
+            kept_from_earlier_calls: 0,
         }
+    }
+
+    /// Records that `n` processes earlier session calls left running shared the sandbox
+    /// with this lent call (its audit line says so).
+    pub fn with_kept_from_earlier_calls(mut self, n: u32) -> Self {
+        self.kept_from_earlier_calls = n;
+        self
+    }
+
+    /// How many processes of earlier session calls shared the sandbox with this call.
+    pub fn kept_from_earlier_calls(&self) -> u32 {
+        self.kept_from_earlier_calls
     }
 
     /// Makes the run count its route caps in a session's `counts` (kept for the session's
     /// life) rather than in fresh counts of its own.
     pub fn with_session_counts(mut self, counts: Arc<SessionCounts>) -> Self {
-        let keys = self
-            .profile
-            .route_caps
-            .iter()
-            .map(|(index, _)| cap_key(&self.profile.origin, &self.profile.allow[*index]))
-            .collect();
-        self.shared_caps = Some(SharedCaps { counts, keys });
+        self.caps = RouteCaps::shared(&self.profile, counts);
         self
     }
 
@@ -161,6 +159,11 @@ impl Run {
     pub async fn wait_ended(&self) {
         let mut rx = self.ended.subscribe();
         let _ = rx.wait_for(|ended| *ended).await;
+    }
+
+    /// Calls of this run inside [`Run::call`] right now (each holds one of its slots).
+    pub fn in_flight(&self) -> u64 {
+        (SLOTS as usize).saturating_sub(self.slots.available_permits()) as u64
     }
 
     /// The counts so far.
@@ -232,34 +235,7 @@ impl Run {
         {
             let mut state = self.state();
             *state.trace.routes.entry(template.clone()).or_default() += 1;
-            let hits: Vec<usize> = self
-                .profile
-                .route_caps
-                .iter()
-                .enumerate()
-                .filter(|(_, (index, _))| {
-                    self.profile.allow[*index].matches(method, &checked, true)
-                })
-                .map(|(i, _)| i)
-                .collect();
-            let charged = match &self.shared_caps {
-                Some(shared) => shared.counts.charge(
-                    hits.iter()
-                        .map(|&i| (shared.keys[i].as_str(), self.profile.route_caps[i].1)),
-                ),
-                None => {
-                    let full = hits
-                        .iter()
-                        .any(|&i| state.cap_counts[i] >= self.profile.route_caps[i].1);
-                    if !full {
-                        for &i in &hits {
-                            state.cap_counts[i] += 1;
-                        }
-                    }
-                    !full
-                }
-            };
-            if !charged {
+            if !self.caps.charge(&self.profile, method, &checked) {
                 state.trace.denied += 1;
                 return Reply::broker(429, message::ROUTE_CAP);
             }

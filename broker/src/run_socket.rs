@@ -1,10 +1,15 @@
-//! A run's own Unix socket, `host-api.sock`, and the HTTP/1.1 server on it (also used,
-//! unchanged, for a session's socket: see [`crate::session`]).
+//! A guest's Unix socket, `host-api.sock`, and the HTTP/1.1 server on it.
 //!
-//! The socket lives alone in a fresh private directory (prefix `crsbx-broker`, or
-//! `crsbx-session-broker` for a session; mode 0711 so the guest uid can reach the socket but
-//! not list the directory); the socket is 0666 because the guest runs as another uid. The target is the request URI exactly as sent;
-//! guest headers are never looked at beyond what HTTP framing needs.
+//! The server does not know what it serves: it asks a [`Served`] for the run that answers
+//! each request. A run's own socket serves that run for its life; a session's socket serves
+//! whichever run is lent when the request arrives ([`crate::session`]); a server that finds
+//! the run by a token in the request's head can implement the same trait.
+//!
+//! The socket has an unguessable name in the broker's socket directory, and a connection is
+//! served only when its peer is one [`Peers`] admits: the guest, the broker's uid or root
+//! (see [`crate::guest_sockets`]); any other is closed before a byte is read. The target is
+//! the request URI exactly as sent; guest headers are never looked at beyond what HTTP
+//! framing needs.
 //!
 //! Time limits on a connection: its request head must arrive within 5 s, and hyper starts that
 //! clock whenever the connection waits for a head, so an idle keep-alive connection is closed
@@ -12,7 +17,7 @@
 //! 10 s (`run::BODY_READ_TIMEOUT`). An answer the guest stops reading fails the connection
 //! after 30 s without progress ([`WRITE_STALL_TIMEOUT`]). The run's deadline bounds them all.
 
-use std::os::unix::fs::PermissionsExt;
+use std::future::Future;
 use std::path::{Path, PathBuf};
 use std::pin::Pin;
 use std::sync::Arc;
@@ -21,6 +26,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use http::header::CONTENT_TYPE;
+use http::request::Parts;
 use http::{Request, Response};
 use http_body::Body as _;
 use http_body_util::{BodyExt, Full, Limited};
@@ -32,13 +38,9 @@ use tokio::net::UnixListener;
 use tokio::sync::Semaphore;
 use tokio::time::{Instant, Sleep};
 
+use crate::guest_sockets::{GuestSockets, GuestSocketsError, Peers};
 use crate::run::{Reply, Run, message};
-use crate::session::Session;
 
-/// The socket's file name.
-pub const SOCKET_NAME: &str = "host-api.sock";
-/// Prefix of a run socket's directory (the daemon's orphan sweep knows it).
-pub const DIR_PREFIX: &str = crate::control::protocol::RUN_DIR_PREFIX;
 /// Connections served at once per socket.
 pub const MAX_CONNECTIONS: usize = 32;
 /// Time to send a request's headers.
@@ -57,7 +59,7 @@ const SHUTDOWN_GRACE: Duration = Duration::from_secs(3);
 /// Why a run socket could not be made.
 #[derive(Debug, thiserror::Error)]
 pub enum RunSocketError {
-    /// Creating the directory, binding or setting modes failed.
+    /// Binding or setting its mode failed.
     #[error("run socket {path}: {source}")]
     Create {
         /// What was being created.
@@ -68,36 +70,25 @@ pub enum RunSocketError {
     },
 }
 
-/// A bound run socket. Dropping it removes the socket and its directory.
+/// A bound guest socket. Dropping it removes the socket.
 pub struct RunSocket {
-    dir: Option<tempfile::TempDir>,
     path: PathBuf,
+    removed: bool,
 }
 
 // === impl RunSocket ===
 
 impl RunSocket {
-    /// Creates a directory named `prefix…` and binds the socket in it (serve it with
-    /// [`RunSocket::serve`] or [`RunSocket::serve_session`]).
-    pub fn bind(prefix: &str) -> Result<(Self, UnixListener), RunSocketError> {
-        let create = |path: &Path| {
-            let path = path.to_owned();
-            move |source| RunSocketError::Create { path, source }
-        };
-        let dir = tempfile::Builder::new()
-            .prefix(prefix)
-            .tempdir()
-            .map_err(create(&std::env::temp_dir()))?;
-        std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o711))
-            .map_err(create(dir.path()))?;
-        let path = dir.path().join(SOCKET_NAME);
-        let listener = UnixListener::bind(&path).map_err(create(&path))?;
-        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o666))
-            .map_err(create(&path))?;
+    /// Binds a socket with a fresh unguessable name in `sockets`' directory (serve it with
+    /// [`RunSocket::serve`]).
+    pub fn bind(sockets: &GuestSockets) -> Result<(Self, UnixListener), RunSocketError> {
+        let (path, listener) = sockets.bind().map_err(|e| match e {
+            GuestSocketsError::Create { path, source } => RunSocketError::Create { path, source },
+        })?;
         Ok((
             Self {
-                dir: Some(dir),
                 path,
+                removed: false,
             },
             listener,
         ))
@@ -108,56 +99,46 @@ impl RunSocket {
         &self.path
     }
 
-    /// Removes the socket and its directory now.
+    /// Removes the socket now (the broker's sweep of its directory retries a failure).
     pub fn remove(&mut self) {
-        if let Some(dir) = self.dir.take() {
-            let shown = dir.path().display().to_string();
-            if let Err(error) = dir.close() {
-                tracing::warn!(dir = shown, %error, "run socket directory not removed");
-            }
+        if std::mem::replace(&mut self.removed, true) {
+            return;
+        }
+        if let Err(error) = std::fs::remove_file(&self.path) {
+            tracing::warn!(socket = %self.path.display(), %error, "guest socket not removed");
         }
     }
 
-    /// Serves `run` on `listener` until the run ends.
-    pub async fn serve(listener: UnixListener, run: Arc<Run>) {
-        serve_socket(listener, Served::Run(run)).await;
-    }
-
-    /// Serves a session's socket until the session closes: each request goes to the run lent
-    /// when it arrives, or gets 503 when none is.
-    pub async fn serve_session(listener: UnixListener, session: Arc<Session>) {
-        serve_socket(listener, Served::Session(session)).await;
+    /// Serves `served` on `listener` to the peers `peers` admits, until it is closed.
+    pub async fn serve<S: Served>(listener: UnixListener, served: S, peers: Peers) {
+        serve_socket(listener, served, peers).await;
     }
 }
 
-/// What a socket serves.
-#[derive(Clone)]
-enum Served {
-    /// One run, for its whole life.
-    Run(Arc<Run>),
-    /// Whichever run is lent to the session at the time.
-    Session(Arc<Session>),
+/// What a socket serves: the run that answers each request, and when serving ends.
+pub trait Served: Clone + Send + Sync + 'static {
+    /// The run that answers a request with this head, arriving now; `None` answers 503
+    /// `host api grant has ended` and is counted nowhere. Resolved per request, so a
+    /// keep-alive connection follows whatever the socket serves at the time.
+    fn run_for(&self, request: &Parts) -> Option<Arc<Run>>;
+
+    /// Resolves once the socket stops serving: the listener closes and every connection is
+    /// told to finish.
+    fn closed(&self) -> impl Future<Output = ()> + Send;
 }
 
-impl Served {
-    /// The run that answers a request arriving now.
-    fn current(&self) -> Option<Arc<Run>> {
-        match self {
-            Served::Run(run) => Some(run.clone()),
-            Served::Session(session) => session.lent(),
-        }
+/// A run's own socket: that run, until it ends.
+impl Served for Arc<Run> {
+    fn run_for(&self, _request: &Parts) -> Option<Arc<Run>> {
+        Some(self.clone())
     }
 
-    /// Resolves once the socket stops serving.
-    async fn closed(&self) {
-        match self {
-            Served::Run(run) => run.wait_ended().await,
-            Served::Session(session) => session.wait_closed().await,
-        }
+    fn closed(&self) -> impl Future<Output = ()> + Send {
+        self.wait_ended()
     }
 }
 
-async fn serve_socket(listener: UnixListener, served: Served) {
+async fn serve_socket<S: Served>(listener: UnixListener, served: S, peers: Peers) {
     let connections = Arc::new(Semaphore::new(MAX_CONNECTIONS));
     loop {
         let accepted = tokio::select! {
@@ -167,6 +148,10 @@ async fn serve_socket(listener: UnixListener, served: Served) {
         let Ok((stream, _)) = accepted else {
             continue;
         };
+        // Another local user's connection is closed unanswered (issue 12, part 5).
+        if !peers.check(&stream) {
+            continue;
+        }
         // Over the cap the connection is closed at once: shed, never queue.
         let Ok(permit) = connections.clone().try_acquire_owned() else {
             drop(stream);
@@ -187,12 +172,14 @@ impl Drop for RunSocket {
     }
 }
 
-async fn serve_connection(io: TokioIo<WriteDeadline<tokio::net::UnixStream>>, served: Served) {
+async fn serve_connection<S: Served>(
+    io: TokioIo<WriteDeadline<tokio::net::UnixStream>>,
+    served: S,
+) {
     let service_served = served.clone();
     let service = service_fn(move |request: Request<Incoming>| {
-        // Resolved per request: a session's keep-alive connection follows the slot.
-        let run = service_served.current();
-        async move { Ok::<_, std::convert::Infallible>(answer(run.as_deref(), request).await) }
+        let served = service_served.clone();
+        async move { Ok::<_, std::convert::Infallible>(answer(&served, request).await) }
     });
     let mut builder = hyper::server::conn::http1::Builder::new();
     builder
@@ -211,12 +198,12 @@ async fn serve_connection(io: TokioIo<WriteDeadline<tokio::net::UnixStream>>, se
     }
 }
 
-async fn answer(run: Option<&Run>, request: Request<Incoming>) -> Response<Full<Bytes>> {
+async fn answer<S: Served>(served: &S, request: Request<Incoming>) -> Response<Full<Bytes>> {
+    let (parts, mut body) = request.into_parts();
     // A session socket with nothing lent: no run to count the call against.
-    let Some(run) = run else {
+    let Some(run) = served.run_for(&parts) else {
         return to_response(Reply::broker(503, message::ENDED));
     };
-    let (parts, mut body) = request.into_parts();
     let uri = &parts.uri;
     // Only origin-form targets: an absolute URI or authority form names no route.
     let reply = if uri.scheme().is_some() || uri.authority().is_some() {

@@ -43,6 +43,8 @@
 //!   nothing carries a reason.
 //! - [`validate`] — the request limits and rules (wire.md §6), shared by the
 //!   daemon and the client.
+//! - [`payload`] — one borrowed view of a `Run` or `SessionRun` request: its kind, grant
+//!   profile, code and envelope.
 //! - [`record`] — request, result and record digests, the software-rule id, the
 //!   session fingerprint, and the checks a client makes on every answer.
 //! - [`wire`] — the generated protocol messages and service.
@@ -50,6 +52,7 @@
 //! - `attest` (feature `attest`): Ed25519 signatures over records, outside the daemon.
 #![forbid(unsafe_code)]
 
+pub mod payload;
 pub mod record;
 pub mod refusal;
 pub mod tier;

@@ -219,6 +219,24 @@ pub fn not_dispatched_detail(reason: Reason) -> ErrorDetail {
     ErrorDetail::from_message(NOT_DISPATCHED_TYPE, &msg)
 }
 
+/// The `NotDispatched` reason `err` carries, read back through the message
+/// [`not_dispatched_detail`] wrote: `None` for an unmarked error (it may have run), and for
+/// a detail that does not decode or names no reason this build knows.
+pub fn not_dispatched_reason(err: &ConnectError) -> Option<Reason> {
+    use base64::Engine as _;
+    let value = err
+        .details
+        .iter()
+        .find(|d| d.type_url == NOT_DISPATCHED_TYPE)?
+        .value
+        .as_deref()?;
+    let raw = base64::engine::general_purpose::STANDARD_NO_PAD
+        .decode(value.trim_end_matches('='))
+        .ok()?;
+    let detail = <NotDispatched as buffa::Message>::decode_from_slice(&raw).ok()?;
+    Reason::from_wire(detail.reason.to_i32())
+}
+
 /// The `SessionEnded{reason, detail}` error detail.
 pub fn session_ended_detail(reason: SessionEnd, detail: &str) -> ErrorDetail {
     let msg = SessionEnded {
@@ -242,6 +260,45 @@ pub fn internal_error(id: &str) -> ConnectError {
 mod tests {
     use super::*;
     use base64::Engine as _;
+
+    #[test]
+    fn every_refusal_reads_back_the_reason_the_table_wrote() {
+        let refusals = [
+            Refusal::InvalidRequest("x".into()),
+            Refusal::ProtocolMissing,
+            Refusal::ProtocolMismatch(3),
+            Refusal::Unsupported("x".into()),
+            Refusal::Disabled("x".into()),
+            Refusal::InsufficientIsolation {
+                floor: Floor::parse("vm").expect("floor"),
+                tier: IsolationTier::Process,
+            },
+            Refusal::SoftwareMismatch("x".into()),
+            Refusal::Environment("x".into()),
+            Refusal::SessionEnded {
+                reason: SessionEnd::SESSION_END_EXPIRED,
+                detail: "x".into(),
+            },
+            Refusal::SessionNotFound,
+            Refusal::PermissionDenied("x".into()),
+            Refusal::Unauthenticated("x".into()),
+            Refusal::AtCapacity("x".into()),
+            Refusal::BodyTooLarge("x".into()),
+            Refusal::DeadlineBeforeDispatch("x".into()),
+        ];
+        for refusal in refusals {
+            let (_, reason) = refusal.code_and_reason();
+            assert_eq!(
+                not_dispatched_reason(&refusal.to_connect_error()),
+                Some(reason),
+                "{refusal:?}"
+            );
+        }
+        assert_eq!(
+            not_dispatched_reason(&internal_error("0123456789abcdef")),
+            None
+        );
+    }
 
     fn detail_bytes(err: &ConnectError, type_name: &str) -> Vec<u8> {
         let d = err

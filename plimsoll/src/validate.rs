@@ -6,6 +6,7 @@
 
 use std::collections::HashSet;
 
+use crate::payload::{Payload, PayloadKind};
 use crate::refusal::{PROTOCOL, Refusal};
 use crate::tier::Floor;
 use crate::wire::{
@@ -47,31 +48,6 @@ pub const MAX_IDENTITY_BYTES: usize = 256;
 pub const HARD_TIMEOUT_CEILING_MS: u32 = 300_000;
 /// The languages a session keeps an interpreter for.
 pub const LANGUAGES: [&str; 2] = ["javascript", "python"];
-
-/// The kind of payload a request carries; also the `kind` its digest names.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum PayloadKind {
-    /// A JavaScript snippet.
-    Javascript,
-    /// A multi-file, multi-step project.
-    Project,
-    /// A numeric model over a table of rows.
-    Module,
-    /// A notebook cell (sessions only).
-    Cell,
-}
-
-impl PayloadKind {
-    /// The kind's name, as digests and logs spell it.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            PayloadKind::Javascript => "javascript",
-            PayloadKind::Project => "project",
-            PayloadKind::Module => "module",
-            PayloadKind::Cell => "cell",
-        }
-    }
-}
 
 fn invalid(msg: impl Into<String>) -> Refusal {
     Refusal::InvalidRequest(msg.into())
@@ -148,48 +124,36 @@ fn is_identity_byte(b: u8) -> bool {
 /// Step 4 for `Run`: exactly one payload, and that payload within its rules.
 /// A cell is refused: cells run only in sessions.
 pub fn check_run_payload(payload: Option<&run_request::Payload>) -> Result<PayloadKind, Refusal> {
-    match payload {
-        None => Err(invalid(
-            "payload must be exactly one of javascript, project or module",
-        )),
-        Some(run_request::Payload::Javascript(js)) => {
-            check_javascript(js)?;
-            Ok(PayloadKind::Javascript)
-        }
-        Some(run_request::Payload::Project(p)) => {
-            check_project(p)?;
-            Ok(PayloadKind::Project)
-        }
-        Some(run_request::Payload::Module(m)) => {
-            check_module(m)?;
-            Ok(PayloadKind::Module)
-        }
-        Some(run_request::Payload::Cell(_)) => Err(invalid(
-            "a cell runs only in a session: use OpenSession and SessionRun",
-        )),
-    }
+    check_payload(Payload::of_run(payload), false)
 }
 
 /// Step 4 for `SessionRun`: exactly one of javascript, project or cell.
 pub fn check_session_payload(
     payload: Option<&session_run_request::Payload>,
 ) -> Result<PayloadKind, Refusal> {
+    check_payload(Payload::of_session_run(payload), true)
+}
+
+/// Step 4: the payload within its rules, for `Run` or (`in_session`) `SessionRun`. Cells run
+/// only in sessions and modules only in `Run`.
+pub fn check_payload(payload: Payload<'_>, in_session: bool) -> Result<PayloadKind, Refusal> {
     match payload {
-        None => Err(invalid(
+        Payload::None if in_session => Err(invalid(
             "payload must be exactly one of javascript, project or cell",
         )),
-        Some(session_run_request::Payload::Javascript(js)) => {
-            check_javascript(js)?;
-            Ok(PayloadKind::Javascript)
+        Payload::None => Err(invalid(
+            "payload must be exactly one of javascript, project or module",
+        )),
+        Payload::Javascript(js) => check_javascript(js).map(|()| PayloadKind::Javascript),
+        Payload::Project(p) => check_project(p).map(|()| PayloadKind::Project),
+        Payload::Module(_) if in_session => {
+            Err(invalid("a module runs only in Run, never in a session"))
         }
-        Some(session_run_request::Payload::Project(p)) => {
-            check_project(p)?;
-            Ok(PayloadKind::Project)
-        }
-        Some(session_run_request::Payload::Cell(c)) => {
-            check_cell(c)?;
-            Ok(PayloadKind::Cell)
-        }
+        Payload::Module(m) => check_module(m).map(|()| PayloadKind::Module),
+        Payload::Cell(c) if in_session => check_cell(c).map(|()| PayloadKind::Cell),
+        Payload::Cell(_) => Err(invalid(
+            "a cell runs only in a session: use OpenSession and SessionRun",
+        )),
     }
 }
 
@@ -389,7 +353,8 @@ pub fn check_module(m: &ModuleRun) -> Result<(), Refusal> {
     Ok(())
 }
 
-fn is_model_name(s: &str) -> bool {
+/// Whether `s` is a module's model id: `[A-Za-z0-9][A-Za-z0-9._-]{0,63}` (wire.md §6.5).
+pub fn is_model_name(s: &str) -> bool {
     let b = s.as_bytes();
     !b.is_empty()
         && b.len() <= 64

@@ -2,6 +2,7 @@
 //! bind every listener, then the (possibly billed) startup proof, then the
 //! floor, then serve until a signal, then drain.
 
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -14,7 +15,7 @@ use crate::config::hardened::enforce_hardened;
 use crate::config::{AuthConfig, Config};
 use crate::grant::Grants;
 use crate::metrics::Metrics;
-use crate::provider::{self, ProviderError};
+use crate::provider::ProviderError;
 use crate::server::listener::{METRICS_CONNECTION_CAP, bound, rpc_connection_cap, serve};
 use crate::server::metrics_listener::MetricsService;
 use crate::server::{Pipeline, tls};
@@ -25,6 +26,8 @@ const PROOF_BUDGET: Duration = Duration::from_secs(120);
 /// How long in-flight work may take to finish after a signal (above the
 /// 5-minute run ceiling, like the write timeout).
 const DRAIN_BUDGET: Duration = Duration::from_secs(360);
+/// How often the background loop sweeps what crashes left (providers.md §5.13).
+const SWEEP_EVERY: Duration = Duration::from_secs(60);
 
 /// Why the daemon did not start. Each is one log line, then exit 1.
 #[derive(Debug, thiserror::Error)]
@@ -50,7 +53,7 @@ pub enum StartupError {
     },
     /// The startup proof failed or took too long.
     #[error("the sandbox provider failed its startup proof: {0}")]
-    Proof(String),
+    Proof(#[source] ProviderError),
     /// The grant path could not start.
     #[error("grants: {0}")]
     Grants(#[from] crate::grant::GrantError),
@@ -64,6 +67,14 @@ pub enum StartupError {
         provider: &'static str,
         /// How many profiles the broker holds.
         profiles: u32,
+    },
+    /// The bound address could not be written to `PLIMSOLL_ADDR_FILE`.
+    #[error("PLIMSOLL_ADDR_FILE {path}: {source}")]
+    AddrFile {
+        /// The file.
+        path: PathBuf,
+        /// The cause.
+        source: std::io::Error,
     },
     /// SIGTERM and SIGINT handlers could not be installed.
     #[error("cannot install signal handlers: {0}")]
@@ -90,9 +101,16 @@ pub async fn run(config: Config) -> Result<(), StartupError> {
         tracing::warn!("{warning}");
     }
     // 4: the provider, from configuration only.
-    let provider = provider::build(&config).map_err(StartupError::Provider)?;
+    let provider = config
+        .provider
+        .build(&config)
+        .map_err(StartupError::Provider)?;
     // 11: grants: the broker must answer, and profiles need a provider with a grant path.
-    let grants = Arc::new(Grants::start(&config.grants).await?);
+    // No provider here delivers grants through the guard yet, so plimsolld supervises no
+    // guard child (PLIMSOLL_GUARD_ADDR arrives with the first guard URL, e2b's).
+    let guest_uid = config.provider.settings().guest_uid();
+    let grants = Arc::new(Grants::start(&config.grants, guest_uid, None).await?);
+    reap_stale_broker_dirs();
     let description = provider.describe();
     if grants.profiles() > 0
         && !description.supports_javascript_grants
@@ -138,8 +156,12 @@ pub async fn run(config: Config) -> Result<(), StartupError> {
         provider.prove().await
     })
     .await
-    .map_err(|_| StartupError::Proof(format!("no answer within {PROOF_BUDGET:?}")))?
-    .map_err(|e| StartupError::Proof(e.to_string()))?;
+    .map_err(|_| {
+        StartupError::Proof(ProviderError::infrastructure(format!(
+            "no answer within {PROOF_BUDGET:?}"
+        )))
+    })?
+    .map_err(StartupError::Proof)?;
     tracing::info!(
         provider = provider.describe().sandbox,
         isolation = %evidence.tier,
@@ -156,7 +178,7 @@ pub async fn run(config: Config) -> Result<(), StartupError> {
     if config.sessions.enabled() && provider.describe().supports_sessions {
         if let Err(e) = crate::session::proof::prove(provider.as_ref(), &config.sessions).await {
             provider.drain(Duration::from_secs(30)).await;
-            return Err(StartupError::Proof(e));
+            return Err(StartupError::Proof(ProviderError::infrastructure(e)));
         }
         tracing::info!("session path proven");
     }
@@ -185,6 +207,13 @@ pub async fn run(config: Config) -> Result<(), StartupError> {
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let handlers = install_signal_handlers()?;
     tokio::spawn(signals(handlers, stop_tx));
+    let sweeper = tokio::spawn(sweep_orphans(provider.clone(), stop_rx.clone()));
+    // Before the listening line: a daemon that cannot write it never says it listens. The
+    // listener is bound, so a script that reads the address may connect at once.
+    let addr_file = match &config.addr_file {
+        Some(path) => Some(AddrFile::write(path, &bound(&rpc))?),
+        None => None,
+    };
     tracing::info!(
         addr = %bound(&rpc),
         provider = provider.describe().sandbox,
@@ -225,6 +254,7 @@ pub async fn run(config: Config) -> Result<(), StartupError> {
         tracing::info!("shutting down: draining in-flight requests");
     };
     serve(rpc, stack, tls, max_connections, rpc_stop, DRAIN_BUDGET).await;
+    sweeper.abort();
     // Sessions end as `shutdown`, and their sandboxes go, before the provider drains.
     sessions.drain(DRAIN_BUDGET).await;
     provider.drain(DRAIN_BUDGET).await;
@@ -234,8 +264,65 @@ pub async fn run(config: Config) -> Result<(), StartupError> {
     if let Some(t) = metrics_task {
         let _ = tokio::time::timeout(Duration::from_secs(10), t).await;
     }
+    drop(addr_file);
     tracing::info!("plimsolld stopped");
     Ok(())
+}
+
+/// `PLIMSOLL_ADDR_FILE` while the daemon serves: written whole (a reader never sees half an
+/// address), removed when dropped.
+struct AddrFile(PathBuf);
+
+impl AddrFile {
+    fn write(path: &Path, addr: &str) -> Result<AddrFile, StartupError> {
+        let failed = |source| StartupError::AddrFile {
+            path: path.to_owned(),
+            source,
+        };
+        let mut staging = path.as_os_str().to_owned();
+        staging.push(format!(".{}.tmp", std::process::id()));
+        let staging = PathBuf::from(staging);
+        std::fs::write(&staging, format!("{addr}\n"))
+            .and_then(|()| std::fs::rename(&staging, path))
+            .map_err(|e| {
+                let _ = std::fs::remove_file(&staging);
+                failed(e)
+            })?;
+        Ok(AddrFile(path.to_owned()))
+    }
+}
+
+impl Drop for AddrFile {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+    }
+}
+
+/// The background loop: every [`SWEEP_EVERY`], what crashes left. The provider sweeps its
+/// own sandboxes ([`Provider::sweep_orphans`](crate::provider::Provider::sweep_orphans)), then
+/// the broker's stale socket directories go, whichever provider runs. Ends with `stop`.
+async fn sweep_orphans(
+    provider: Arc<dyn crate::provider::Provider>,
+    mut stop: tokio::sync::watch::Receiver<bool>,
+) {
+    loop {
+        tokio::select! {
+            _ = stop.wait_for(|s| *s) => return,
+            () = tokio::time::sleep(SWEEP_EVERY) => {}
+        }
+        provider.sweep_orphans().await;
+        reap_stale_broker_dirs();
+    }
+}
+
+fn reap_stale_broker_dirs() {
+    let reaped = crate::grant::reap_stale_socket_dirs();
+    if reaped > 0 {
+        tracing::info!(
+            directories = reaped,
+            "stale broker socket directories removed"
+        );
+    }
 }
 
 /// The checks that need the proven tier: `SANDBOX_MIN_ISOLATION` (step 17)

@@ -1,30 +1,46 @@
-//! Builds each answer's run record (records.md): the request and result
-//! digests, the evidence fields and the record's own digest.
+//! Builds each answer's run record (records.md): the request and result digests, the
+//! evidence fields and the record's own digest, for a single run and for each call of a
+//! session, whose records form the session's hash chain.
 //!
-//! The clock rules of records.md §6 live here: the wall clock is read once,
-//! at handler entry; the end is that instant plus monotonic elapsed time.
+//! The clock rules of records.md §6 live here: the wall clock is read once, at handler entry
+//! ([`Arrival::now`]); the end is that instant plus monotonic elapsed time.
 
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
+use buffa::MessageField;
 use plimsoll::record::{self, Stamp};
-use plimsoll::wire::{RunRequest, RunResponse};
+use plimsoll::wire::{RunRecord, RunRequest, RunResponse, SessionRunRequest};
+
+use crate::session::Stated;
 
 /// The moment a request reached its handler, on both clocks.
-pub struct Answer {
+pub struct Arrival {
     /// Wall-clock ms since the Unix epoch at handler entry.
     pub started_unix_ms: i64,
     /// The monotonic instant of the same moment.
     pub started: Instant,
 }
 
-impl Answer {
+/// A session's hash chain so far (records.md §7): each sealed call, answered or not, is its
+/// next link.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Chain {
+    /// Executed calls so far (unanswered ones included).
+    pub sequence: u64,
+    /// The last record's digest; "" before the first call.
+    pub last_record: String,
+}
+
+// === impl Arrival ===
+
+impl Arrival {
     /// Reads both clocks now.
-    pub fn arrived() -> Answer {
+    pub fn now() -> Arrival {
         let wall = SystemTime::now()
             .duration_since(UNIX_EPOCH)
             .map(|d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
             .unwrap_or(0);
-        Answer {
+        Arrival {
             started_unix_ms: wall,
             started: Instant::now(),
         }
@@ -57,7 +73,72 @@ impl Answer {
             record::result_digest(&resp),
             stamp,
         );
-        resp.record = buffa::MessageField::some(sealed);
+        resp.record = MessageField::some(sealed);
         resp
+    }
+
+    /// Seals a session call's answer as the next link of `chain`: like
+    /// [`seal_single`](Self::seal_single), with the evidence the session's open stated and
+    /// the session fields (fingerprint, sequence, previous digest).
+    pub fn seal_call(
+        &self,
+        mut resp: RunResponse,
+        req: &SessionRunRequest,
+        stated: &Stated,
+        chain: &mut Chain,
+    ) -> RunResponse {
+        record::canonicalize_response(&mut resp);
+        let sealed = record::seal(
+            record::session_request_digest(req),
+            record::result_digest(&resp),
+            self.call_stamp(req, stated, chain),
+        );
+        chain.advance(&sealed);
+        resp.record = MessageField::some(sealed);
+        resp
+    }
+
+    /// Seals the record of a session call that may have run but has no result (`code`: the
+    /// Connect code its caller gets): it is the next link of `chain` all the same.
+    pub fn seal_unanswered_call(
+        &self,
+        req: &SessionRunRequest,
+        code: &str,
+        stated: &Stated,
+        chain: &mut Chain,
+    ) -> RunRecord {
+        let sealed = record::seal_unanswered(
+            record::session_request_digest(req),
+            code,
+            self.call_stamp(req, stated, chain),
+        );
+        chain.advance(&sealed);
+        sealed
+    }
+
+    fn call_stamp(&self, req: &SessionRunRequest, stated: &Stated, chain: &Chain) -> Stamp {
+        Stamp {
+            provider: stated.sandbox.to_owned(),
+            isolation: stated.tier.as_str().to_owned(),
+            environment: stated.environment.clone(),
+            policy: stated.policy.clone(),
+            software_identity: stated.software_identity.clone(),
+            software_rule_id: record::software_rule_id(req.software_rule.as_option()),
+            instance: stated.instance.clone(),
+            started_unix_ms: self.started_unix_ms,
+            elapsed: self.started.elapsed(),
+            session: stated.fingerprint.clone(),
+            sequence: chain.sequence + 1,
+            previous_sha256: chain.last_record.clone(),
+        }
+    }
+}
+
+// === impl Chain ===
+
+impl Chain {
+    fn advance(&mut self, sealed: &RunRecord) {
+        self.sequence += 1;
+        self.last_record = sealed.record_sha256.clone();
     }
 }

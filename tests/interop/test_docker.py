@@ -9,7 +9,8 @@ docker, the runtime's tier, the snippet image's content id as the environment, a
 `docker-container:` instance.
 
 Docker and the images (scripts/setup-docker, images/build) are required: when they are
-missing the test FAILS unless PLIMSOLL_TEST_DOCKER_SKIP=1.
+missing the test FAILS unless PLIMSOLL_TEST_DOCKER_SKIP=1. The images are those images/build
+tags under PLIMSOLL_IMAGE_PREFIX (default plimsoll), and every daemon here is given them.
 
 Run it with the venv that scripts/setup makes:
 
@@ -33,8 +34,9 @@ sys.dont_write_bytecode = True  # no __pycache__ beside the tests
 import plimsoll_client as pc  # noqa: E402  (from the venv's site-packages)
 from plimsolld_process import Plimsolld  # noqa: E402
 
-SNIPPET_IMAGE = "plimsoll/sandbox-node:latest"
-PROJECT_IMAGE = "plimsoll/sandbox:latest"
+PREFIX = os.environ.get("PLIMSOLL_IMAGE_PREFIX") or "plimsoll"
+SNIPPET_IMAGE = f"{PREFIX}/sandbox-node:latest"
+PROJECT_IMAGE = f"{PREFIX}/sandbox:latest"
 START_TIMEOUT = 120.0
 REQUEST_TIMEOUT = 60.0
 TIERS = {"runc": "container", "runsc": "kernel"}
@@ -51,8 +53,9 @@ def docker_problem() -> Optional[str]:
             return "docker does not answer; run scripts/setup-docker"
     except (OSError, subprocess.TimeoutExpired) as e:
         return f"docker is not usable ({e}); run scripts/setup-docker"
-    if docker("image", "inspect", SNIPPET_IMAGE).returncode != 0:
-        return f"image {SNIPPET_IMAGE} is missing; run images/build"
+    for image in (SNIPPET_IMAGE, PROJECT_IMAGE):
+        if docker("image", "inspect", image).returncode != 0:
+            return f"image {image} is missing; run images/build"
     return None
 
 
@@ -62,7 +65,12 @@ class DockerDaemon(Plimsolld):
     token: str
 
     def __init__(self, runtime: str, extra: Optional[Dict[str, str]] = None) -> None:
-        env = {"SANDBOX_PROVIDER": "docker", **(extra or {})}
+        env = {
+            "SANDBOX_PROVIDER": "docker",
+            "SANDBOX_DOCKER_IMAGE": SNIPPET_IMAGE,
+            "SANDBOX_DOCKER_PROJECT_IMAGE": PROJECT_IMAGE,
+            **(extra or {}),
+        }
         if runtime != "runc":
             env["SANDBOX_DOCKER_RUNTIME"] = runtime
         super().__init__(env, start_timeout=START_TIMEOUT, stop_timeout=60.0, token=True)

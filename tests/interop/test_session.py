@@ -5,7 +5,8 @@ For each runtime (runc always; runsc when PLIMSOLL_TEST_DOCKER_RUNTIMES names it
 scripts/test does), one daemon with SANDBOX_PROVIDER=docker and sessions on serves a session
 through `Client.open_session`: a snippet writes a file, a project reads it, a snippet reads
 the project's output; the client checks every record's chain as it goes and the close
-totals against its own. A session past its lifetime reports `expired`, marked as not run.
+totals against its own. A session past its lifetime reports `expired`, marked as not run. The
+client's `Workspace` persists a tree from one session and hydrates it into a new one.
 
 Docker and the images (scripts/setup-docker, images/build) are required: when they are
 missing the test FAILS unless PLIMSOLL_TEST_DOCKER_SKIP=1.
@@ -24,6 +25,7 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 sys.dont_write_bytecode = True
 
 import plimsoll_client as pc  # noqa: E402
+from plimsoll_client.workspace import Workspace  # noqa: E402
 from test_docker import RUNTIMES, TIERS, DockerDaemon, NeedsDocker  # noqa: E402
 
 REQUEST_TIMEOUT = 60.0
@@ -64,6 +66,53 @@ class SessionInteropTest(NeedsDocker):
                         last = s.last_record_sha256
                     summary = s.close()
                     self.assertEqual((summary.calls, summary.last_record_sha256, summary.end), (3, last, "closed"))
+                finally:
+                    code = daemon.stop()
+                self.assertEqual(code, 0, "plimsolld after SIGTERM; its log:\n" + "\n".join(daemon.log))
+
+    def test_a_workspace_persisted_in_one_session_hydrates_into_a_new_one(self) -> None:
+        """The work directory belongs to the guest (issue 15, item 4): the published client's
+        `Workspace` sets the mode and times of `/work` itself, writes a tree with its own
+        modes, persists it, and hydrates it into a NEW session, whose `tar -x` restores the
+        directory's mode and times; the files read back with their modes. Fails on main
+        before the fix, where `/work` is root's and the guest may neither chmod nor utime it
+        (`tar: .: Cannot utime: Operation not permitted`)."""
+        listing = "stat -c '%a %Y %n' bin bin/run.sh notes.txt secret/key"
+        for runtime in RUNTIMES:
+            with self.subTest(runtime=runtime):
+                daemon = SessionDaemon(runtime)
+                try:
+                    client = pc.Client(daemon.url, daemon.token, request_timeout=REQUEST_TIMEOUT)
+                    with Workspace(client.open_session(minimum_isolation=TIERS[runtime])) as first:
+                        first.write("notes.txt", "kept across sessions\n")
+                        first.write("bin/run.sh", "echo ran from $(pwd)\n")
+                        first.write("secret/key", "k")
+                        made = first.exec(
+                            "chmod 0755 bin/run.sh && chmod 0600 secret/key && chmod 0700 secret && "
+                            "touch -d @1600000000 notes.txt && chmod 0750 . && touch -d @1700000000 . && "
+                            "stat -c '%a %Y' . && " + listing
+                        )
+                        self.assertEqual(made.exit_code, 0, made.stderr_text)
+                        top, before = made.stdout_text.split("\n", 1)
+                        self.assertEqual(top, "750 1700000000")
+                        saved = first.persist()
+                    with Workspace(client.open_session(minimum_isolation=TIERS[runtime])) as second:
+                        self.assertEqual(second.glob("**/*"), [], "a new session starts empty")
+                        second.hydrate(saved)
+                        self.assertEqual(second.read("notes.txt"), b"kept across sessions\n")
+                        self.assertEqual(second.read("secret/key"), b"k")
+                        after = second.exec("stat -c '%a %Y %u' . && id -u && " + listing)
+                        self.assertEqual(after.exit_code, 0, after.stderr_text)
+                        top, uid, rest = after.stdout_text.split("\n", 2)
+                        self.assertEqual(rest, before)
+                        mode, mtime, owner = top.split()
+                        # tar, extracting as a non-root user without -p, keeps the special
+                        # bits of a directory that already exists (the fresh /work's sticky
+                        # bit) and restores the permission bits and the times.
+                        self.assertEqual((int(mode, 8) & 0o777, mtime, owner), (0o750, "1700000000", uid))
+                        ran = second.exec("sh bin/run.sh && chmod 0700 . && touch -d @1500000000 . && stat -c '%a %Y' .")
+                        self.assertEqual(ran.exit_code, 0, ran.stderr_text)
+                        self.assertEqual(ran.stdout_text, f"ran from {second.root}\n700 1500000000\n")
                 finally:
                     code = daemon.stop()
                 self.assertEqual(code, 0, "plimsolld after SIGTERM; its log:\n" + "\n".join(daemon.log))

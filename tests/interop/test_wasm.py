@@ -109,6 +109,13 @@ class WasmProviderTest(unittest.TestCase):
         self.assertEqual(caught.exception.not_dispatched, "isolation")
         self.assertEqual(caught.exception.http_status, 400)
 
+    def test_a_module_is_unsupported_and_nothing_runs(self) -> None:
+        # Modules run only in the docker provider's module image (providers.md §8).
+        with self.assertRaises(pc.UnsupportedError) as caught:
+            self.client.run_module("damped-oscillator", [[1.0, 0.1, 1.0, 0.0]], end_time=1.0, step=0.5)
+        self.assertEqual(caught.exception.not_dispatched, "unsupported")
+        self.assert_still_serving()
+
     # --- hostile snippets ---------------------------------------------------------------
 
     def test_infinite_loop_ends_at_the_deadline_with_124(self) -> None:

@@ -33,9 +33,16 @@ fn workspace_root() -> PathBuf {
 /// The path of a built workspace binary, `<target>/debug/<name>`.
 ///
 /// `<target>` is `$CARGO_TARGET_DIR` when set (relative to the workspace root when
-/// relative), else the workspace's `target/`. Panics when the file does not exist:
-/// the harness builds nothing, so the test command must build the workspace first.
+/// relative), else the workspace's `target/`. `$PLIMSOLLD`, when set, names the `plimsolld`
+/// to run instead (as in the Python interop harness; the benchmarks use it for a release
+/// build). Panics when the file does not exist: the harness builds nothing, so the test
+/// command must build the workspace first.
 pub fn binary(name: &str) -> PathBuf {
+    if let Some(path) = std::env::var_os("PLIMSOLLD").filter(|_| name == "plimsolld") {
+        let path = PathBuf::from(path);
+        assert!(path.is_file(), "PLIMSOLLD={} is not a file", path.display());
+        return path;
+    }
     let root = workspace_root();
     let target = match std::env::var_os("CARGO_TARGET_DIR") {
         Some(dir) => root.join(dir),
@@ -165,16 +172,54 @@ impl Daemon {
         Daemon::launch_within(env, START_TIMEOUT)
     }
 
+    /// Starts `plimsolld` as [`Daemon::start`] does, with its open-file limit (soft and
+    /// hard) lowered to `limit` first, so its connection cap (half the limit) is small.
+    pub fn start_with_open_files(env: &[(&str, &str)], limit: u32, timeout: Duration) -> Daemon {
+        match Daemon::launch_with(env, Some(limit), timeout) {
+            Ok(d) => d,
+            Err(out) => panic!(
+                "plimsolld exited ({}) before listening; its log:\n{}",
+                out.status, out.stderr
+            ),
+        }
+    }
+
     fn launch_within(env: &[(&str, &str)], timeout: Duration) -> Result<Daemon, Finished> {
+        Daemon::launch_with(env, None, timeout)
+    }
+
+    fn launch_with(
+        env: &[(&str, &str)],
+        open_files: Option<u32>,
+        timeout: Duration,
+    ) -> Result<Daemon, Finished> {
         let mut full: Vec<(&str, &str)> = vec![
             ("PLIMSOLL_ADDR", "127.0.0.1:0"),
             ("PLIMSOLL_METRICS_ADDR", "127.0.0.1:0"),
         ];
+        // A docker daemon runs the images under test unless the test names its own.
+        if env.contains(&("SANDBOX_PROVIDER", "docker")) {
+            full.push(("SANDBOX_DOCKER_IMAGE", crate::docker::snippet_image()));
+            full.push((
+                "SANDBOX_DOCKER_PROJECT_IMAGE",
+                crate::docker::project_image(),
+            ));
+        }
         for (k, v) in env {
             full.retain(|(name, _)| name != k);
             full.push((k, v));
         }
-        let mut child = command(&binary("plimsolld"), &[], &full)
+        let bin = binary("plimsolld");
+        let mut cmd = match open_files {
+            None => command(&bin, &[], &full),
+            // The shell lowers both limits and execs the daemon in its place (same pid).
+            Some(limit) => {
+                let script = format!("ulimit -n {limit} && exec \"$0\"");
+                let bin = bin.display().to_string();
+                command(Path::new("/bin/sh"), &["-c", &script, &bin], &full)
+            }
+        };
+        let mut child = cmd
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::piped())

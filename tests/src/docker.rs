@@ -1,14 +1,42 @@
 //! What every docker suite needs from its environment: the runtime under test (from
 //! `PLIMSOLL_TEST_DOCKER_RUNTIME`, `runc` by default, or `runsc`), the tier it must prove,
-//! and whether docker and the guest images are here. Missing ones fail the test unless the
-//! developer opted out with `PLIMSOLL_TEST_DOCKER_SKIP=1` (CI never does).
+//! the guest images, and whether docker and the images are here. Missing ones fail the test
+//! unless the developer opted out with `PLIMSOLL_TEST_DOCKER_SKIP=1` (CI never does).
+//!
+//! The images are the ones `images/build` tags under `PLIMSOLL_IMAGE_PREFIX` (default
+//! `plimsoll`: `plimsoll/sandbox-node:latest` and `plimsoll/sandbox:latest`), the same
+//! variable the build reads, so images built beside the default ones are tested with one
+//! setting. [`crate::Daemon`] hands them to every docker daemon that names no image itself.
 
 use std::process::Command;
+use std::sync::LazyLock;
+
+/// The image prefix, from `PLIMSOLL_IMAGE_PREFIX`.
+fn prefix() -> String {
+    match std::env::var("PLIMSOLL_IMAGE_PREFIX") {
+        Ok(p) if !p.is_empty() => p,
+        _ => "plimsoll".to_owned(),
+    }
+}
+
+static SNIPPET: LazyLock<String> = LazyLock::new(|| format!("{}/sandbox-node:latest", prefix()));
+static PROJECT: LazyLock<String> = LazyLock::new(|| format!("{}/sandbox:latest", prefix()));
+static MODULE: LazyLock<String> = LazyLock::new(|| format!("{}/sandbox-module:latest", prefix()));
 
 /// The snippet image `images/build` makes.
-pub const SNIPPET_IMAGE: &str = "plimsoll/sandbox-node:latest";
+pub fn snippet_image() -> &'static str {
+    &SNIPPET
+}
+
 /// The project (and session) image `images/build` makes.
-pub const PROJECT_IMAGE: &str = "plimsoll/sandbox:latest";
+pub fn project_image() -> &'static str {
+    &PROJECT
+}
+
+/// The module image `images/build` makes (images/module/build).
+pub fn module_image() -> &'static str {
+    &MODULE
+}
 
 /// `runc` or `runsc`, from `PLIMSOLL_TEST_DOCKER_RUNTIME`.
 pub fn runtime() -> &'static str {
@@ -48,7 +76,7 @@ pub fn docker_ready() -> bool {
         (false, why) => Some(format!(
             "docker does not answer ({why}); run scripts/setup-docker"
         )),
-        _ => [SNIPPET_IMAGE, PROJECT_IMAGE]
+        _ => [snippet_image(), project_image()]
             .into_iter()
             .find(|i| !docker(&["image", "inspect", i]).0)
             .map(|i| format!("image {i} is missing; run images/build")),
@@ -56,6 +84,22 @@ pub fn docker_ready() -> bool {
     let Some(problem) = problem else { return true };
     if std::env::var("PLIMSOLL_TEST_DOCKER_SKIP").as_deref() == Ok("1") {
         eprintln!("PLIMSOLL_TEST_DOCKER_SKIP=1: skipping a docker test: {problem}");
+        return false;
+    }
+    panic!(
+        "{problem} (set PLIMSOLL_TEST_DOCKER_SKIP=1 to skip the docker tests on a developer machine)"
+    );
+}
+
+/// Whether the module image is here, with the same rule as [`docker_ready`]: missing, it
+/// panics unless `PLIMSOLL_TEST_DOCKER_SKIP=1`.
+pub fn module_image_ready() -> bool {
+    if docker(&["image", "inspect", module_image()]).0 {
+        return true;
+    }
+    let problem = format!("image {} is missing; run images/build", module_image());
+    if std::env::var("PLIMSOLL_TEST_DOCKER_SKIP").as_deref() == Ok("1") {
+        eprintln!("PLIMSOLL_TEST_DOCKER_SKIP=1: skipping a module test: {problem}");
         return false;
     }
     panic!(

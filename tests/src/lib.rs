@@ -25,6 +25,8 @@
 //!   `PATH`), waits for its `plimsolld listening` log line, and exposes the bound
 //!   addresses, the log, and SIGTERM. It is killed when dropped.
 //! - [`finish`] runs a binary that is expected to exit (help, refused configuration).
+//! - [`h2_frames`] writes and reads raw HTTP/2 frames, for clients that must
+//!   misbehave (the transport's hostile suite).
 //! - [`connect`] builds Connect requests and reads Connect errors and their
 //!   `NotDispatched` details.
 //! - [`ClientsFile`] writes a caller registry for `PLIMSOLL_CLIENTS_FILE`.
@@ -37,8 +39,10 @@
 
 pub mod connect;
 pub mod docker;
+pub mod h2_frames;
 pub mod h2c;
 pub mod http1;
+pub mod openshell;
 pub mod protobuf;
 pub mod test_api;
 pub mod wasm;

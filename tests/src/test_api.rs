@@ -235,6 +235,9 @@ async fn serve(
         };
         let acceptor = acceptor.clone();
         let state = state.clone();
+        // Small answers go out at once: Nagle's wait on the client's delayed ACK would add
+        // 40 ms to some calls, noise in every latency the benchmarks take through here.
+        let _ = tcp.set_nodelay(true);
         tokio::spawn(async move {
             let Ok(tls) = acceptor.accept(tcp).await else {
                 return;

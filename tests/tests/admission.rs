@@ -306,7 +306,9 @@ fn a_hammering_caller_is_refused_per_caller_and_by_rate_while_another_gets_its_r
     // The hammer takes its two slots with slow runs…
     let slow = slow_runs(d.addr, &hammer, 2, 2_000);
     wait_inflight(&d, 2);
-    // …and everything more it sends at once is refused per caller, at once.
+    // …and everything more it sends at once is refused at once. Every request pays its
+    // rate token before anything else (README, "Rate limits"; issue 12, part 1): the one
+    // that gets the bucket's last token is refused per caller, the rest by the rate limit.
     let burst: Vec<Timed> = (0..10)
         .map(|i| {
             let req = quick(&hammer, i);
@@ -319,14 +321,26 @@ fn a_hammering_caller_is_refused_per_caller_and_by_rate_while_another_gets_its_r
         .into_iter()
         .map(|h| h.join().expect("burst thread"))
         .collect();
+    let per_caller = "per-caller concurrency limit reached (2 in flight)";
+    let rate = "rate limit: 3 runs/min per caller";
     for t in &burst {
-        assert_capacity(
-            &t.resp,
-            &t.req,
-            "per-caller concurrency limit reached (2 in flight)",
+        let err = connect::assert_refused(&t.resp, &t.req, "resource_exhausted", Reason::Capacity);
+        assert!(
+            err.message.contains(per_caller) || err.message.contains(rate),
+            "{}",
+            err.message
         );
         assert!(t.took < REFUSAL_BOUND, "refused after {:?}", t.took);
     }
+    let refused_per_caller = burst
+        .iter()
+        .filter(|t| {
+            connect::ConnectError::of(&t.resp)
+                .message
+                .contains(per_caller)
+        })
+        .count();
+    assert_eq!(refused_per_caller, 1, "one token was left for the burst");
     // Meanwhile the other caller's runs go through.
     let req = quick(&steady, 1);
     assert_quick_ran(&req.send(d.addr), &req, 1);
@@ -334,13 +348,11 @@ fn a_hammering_caller_is_refused_per_caller_and_by_rate_while_another_gets_its_r
         assert_slow_timed_out(h);
     }
     wait_inflight(&d, 0);
-    // The per-caller refusals spent no token: one of the hammer's three is left…
-    let req = quick(&hammer, 2);
-    assert_quick_ran(&req.send(d.addr), &req, 2);
-    // …and then its bucket is empty, while the other caller still has two.
+    // The refused requests paid: the hammer's bucket is empty, while the other caller
+    // still has two.
     for i in 0..5 {
         let req = quick(&hammer, i);
-        assert_capacity(&req.send(d.addr), &req, "rate limit: 3 runs/min per caller");
+        assert_capacity(&req.send(d.addr), &req, rate);
     }
     for n in [3, 4] {
         let req = quick(&steady, n);
@@ -348,8 +360,8 @@ fn a_hammering_caller_is_refused_per_caller_and_by_rate_while_another_gets_its_r
     }
     let req = quick(&steady, 5);
     assert_capacity(&req.send(d.addr), &req, "rate limit");
-    assert_eq!(shed(&d, "per_key"), 10.0);
-    assert_eq!(shed(&d, "rate"), 6.0);
+    assert_eq!(shed(&d, "per_key"), 1.0);
+    assert_eq!(shed(&d, "rate"), 9.0 + 5.0 + 1.0);
     assert_eq!(shed(&d, "at_capacity"), 0.0);
 }
 

@@ -15,7 +15,9 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use broker::control::client::{Client, ControlError};
-use broker::control::protocol::{OpenRun, OpenSession, Refusal, RefusalReason, RunGrant};
+use broker::control::protocol::{
+    Delivery, OpenRun, OpenSession, Reach, Refusal, RefusalReason, RunGrant,
+};
 use jsonwebtoken::{Algorithm, DecodingKey, Validation};
 use plimsoll_tests::test_api::{Reply, TestApi};
 use serde_json::{Value, json};
@@ -40,13 +42,22 @@ struct Broker {
 impl Broker {
     /// Starts `broker` with `grants` (written to `<tmp>/grants.json`) and waits for hello.
     async fn start(api: &TestApi, grants: &Value) -> Self {
+        Self::start_with(api, grants, false).await
+    }
+
+    /// [`Broker::start`], with a guard socket at [`Broker::guard_socket`] when `guard`.
+    async fn start_with(api: &TestApi, grants: &Value, guard: bool) -> Self {
         let dir = tempfile::tempdir().unwrap();
         write_atomic(&dir.path().join("grants.json"), grants);
         let socket = dir.path().join("ctl").join("broker.sock");
-        let mut child = command(dir.path(), &socket, api)
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
+        let mut command = command(dir.path(), &socket, api);
+        if guard {
+            command.env(
+                "PLIMSOLL_BROKER_GUARD_SOCKET",
+                dir.path().join("guard").join("guard.sock"),
+            );
+        }
+        let mut child = command.stderr(Stdio::piped()).spawn().unwrap();
         let log = Arc::new(Mutex::new(String::new()));
         let sink = log.clone();
         let stderr = child.stderr.take().unwrap();
@@ -81,6 +92,11 @@ impl Broker {
         Client::new(&self.socket)
     }
 
+    /// Where [`Broker::start_with`] asked for the guard socket.
+    fn guard_socket(&self) -> PathBuf {
+        self.dir.path().join("guard").join("guard.sock")
+    }
+
     fn grants_path(&self) -> PathBuf {
         self.dir.path().join("grants.json")
     }
@@ -92,6 +108,20 @@ impl Broker {
     /// Waits until the log (read from stderr by a thread) contains `needle`.
     async fn wait_log(&self, needle: &str) -> String {
         wait_for_log(&self.log, needle).await
+    }
+
+    /// Waits until the log contains `needle` at least `count` times: an event that already
+    /// happened once (a reload that failed before) is waited for again.
+    async fn wait_log_count(&self, needle: &str, count: usize) {
+        let deadline = Instant::now() + WAIT;
+        while self.log().matches(needle).count() < count {
+            assert!(
+                Instant::now() < deadline,
+                "{needle:?} not logged {count} times: {}",
+                self.log()
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
     }
 
     async fn open(&self, principal: &str, profile: &str) -> RunGrant {
@@ -107,9 +137,13 @@ impl Broker {
         let request = OpenSession {
             session: fresh_run_id(),
             deadline_unix_ms: now_ms() + life_ms,
+            delivery: Delivery::Socket,
         };
         match self.client().open_session(&request).await.unwrap() {
-            Ok(opened) => (request.session, opened.socket),
+            Ok(opened) => match opened.reach {
+                Reach::Socket(path) => (request.session, path),
+                other => panic!("a socket session got {other:?}"),
+            },
             Err(refusal) => panic!("open_session refused: {refusal:?}"),
         }
     }
@@ -172,6 +206,15 @@ fn command(dir: &Path, socket: &Path, api: &TestApi) -> Command {
     command
 }
 
+/// Whether a guest socket's name is the unguessable kind (issue 12, part 5): 128 random
+/// bits in hex, then `.sock`, never the fixed `host-api.sock`.
+fn unguessable(socket: &Path) -> bool {
+    let name = socket.file_name().and_then(|n| n.to_str()).unwrap_or("");
+    name.len() == 32 + ".sock".len()
+        && name.ends_with(".sock")
+        && name[..32].bytes().all(|b| b.is_ascii_hexdigit())
+}
+
 fn write_atomic(path: &Path, value: &Value) {
     write_text_atomic(path, &serde_json::to_string_pretty(value).unwrap());
 }
@@ -210,7 +253,17 @@ fn open_request(principal: &str, profile: &str, budget_ms: u64) -> OpenRun {
         profile: profile.into(),
         deadline_unix_ms: now_ms() + budget_ms,
         session: false,
+        delivery: Delivery::Socket,
         slot: None,
+        kept_from_earlier_calls: 0,
+    }
+}
+
+/// The socket a socket-delivered grant is reached at.
+fn socket_of(grant: &RunGrant) -> PathBuf {
+    match &grant.reach {
+        Reach::Socket(path) => path.clone(),
+        other => panic!("a socket run got {other:?}"),
     }
 }
 
@@ -305,7 +358,7 @@ fn parse_answer(raw: &[u8]) -> Option<Answer> {
 }
 
 async fn get(grant: &RunGrant, target: &str) -> Answer {
-    call(&grant.socket, "GET", target, &[], b"")
+    call(&socket_of(grant), "GET", target, &[], b"")
         .await
         .unwrap_or_else(|| panic!("GET {target}: no answer"))
 }
@@ -331,6 +384,8 @@ fn decode_jwt(authorization: &str, secret: &str) -> Value {
 mod control;
 #[path = "broker/forwarding.rs"]
 mod forwarding;
+#[path = "broker/guard.rs"]
+mod guard;
 #[path = "broker/lifecycle.rs"]
 mod lifecycle;
 #[path = "broker/sessions.rs"]

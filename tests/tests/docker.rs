@@ -21,7 +21,7 @@ use std::time::{Duration, Instant};
 use plimsoll_tests::Daemon;
 use plimsoll_tests::connect;
 use plimsoll_tests::docker::{
-    PROJECT_IMAGE, SNIPPET_IMAGE, docker, docker_ready, runsc, runtime, tier,
+    docker, docker_ready, project_image, runsc, runtime, snippet_image, tier,
 };
 use plimsoll_tests::http1::{Connection, Request, Response};
 use serde_json::{Value, json};
@@ -188,9 +188,17 @@ mod bench;
 mod hostile;
 #[path = "docker/lifecycle.rs"]
 mod lifecycle;
+#[path = "docker/module.rs"]
+mod module;
 #[path = "docker/project.rs"]
 mod project;
 #[path = "docker/record.rs"]
 mod record;
 #[path = "docker/session.rs"]
 mod session;
+#[path = "docker/session_hostile.rs"]
+mod session_hostile;
+#[path = "docker/software.rs"]
+mod software;
+#[path = "docker/toolchain.rs"]
+mod toolchain;

@@ -1,5 +1,12 @@
 //! The broker's side of the control channel: a Unix socket only the broker's uid may use
 //! (mode 0600), one JSON request per line, one JSON response per line.
+//!
+//! At most [`MAX_CONNECTIONS`] connections are served at once. A connection beyond them
+//! waits (unread, in the order it came) up to [`ADMIT_WAIT`] for one to end, and at most
+//! [`MAX_WAITING`] wait; one that gets no turn, or finds the waiting room full, is answered
+//! one refusal line, reason `capacity`, and closed. Nothing is dropped without a word.
+//! plimsolld's client keeps a small pool of connections (see `client`), so one daemon stays
+//! well below the cap; it matters when several daemons share a broker, or one misbehaves.
 
 use std::os::unix::fs::{FileTypeExt, PermissionsExt};
 use std::path::{Path, PathBuf};
@@ -7,7 +14,7 @@ use std::sync::Arc;
 
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::{UnixListener, UnixStream};
-use tokio::sync::Semaphore;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use super::protocol::{MAX_LINE_BYTES, Refusal, RefusalReason, Request, Response};
 use crate::audit::CloseReason;
@@ -15,6 +22,12 @@ use crate::runs::Runs;
 
 /// Control connections served at once.
 pub const MAX_CONNECTIONS: usize = 64;
+/// Connections that may wait for a turn beyond [`MAX_CONNECTIONS`].
+pub const MAX_WAITING: usize = 64;
+/// How long a connection beyond [`MAX_CONNECTIONS`] waits for a turn.
+pub const ADMIT_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
+/// The refusal a connection without a turn gets.
+const AT_CAPACITY: &str = "the broker's control channel is at capacity; retry shortly";
 /// A connection silent this long between requests is closed, freeing its slot.
 pub const IDLE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(60);
 
@@ -58,6 +71,17 @@ pub enum ControlServerError {
 /// The socket is bound under a temporary name, restricted, then renamed into place, so it
 /// is never reachable with a wider mode.
 pub async fn bind(path: &Path) -> Result<UnixListener, ControlServerError> {
+    bind_socket(path, 0o600, 0o700).await
+}
+
+/// Binds a socket at `path` with `mode`, creating a missing parent with `dir_mode`; refuses
+/// to replace anything but a dead socket. The control socket's rules, for any of the
+/// broker's sockets.
+pub(crate) async fn bind_socket(
+    path: &Path,
+    mode: u32,
+    dir_mode: u32,
+) -> Result<UnixListener, ControlServerError> {
     let bind_err = |source| ControlServerError::Bind {
         path: path.to_owned(),
         source,
@@ -69,7 +93,7 @@ pub async fn bind(path: &Path) -> Result<UnixListener, ControlServerError> {
             path: parent.to_owned(),
             source,
         })?;
-        std::fs::set_permissions(parent, std::fs::Permissions::from_mode(0o700)).map_err(
+        std::fs::set_permissions(parent, std::fs::Permissions::from_mode(dir_mode)).map_err(
             |source| ControlServerError::Dir {
                 path: parent.to_owned(),
                 source,
@@ -97,7 +121,7 @@ pub async fn bind(path: &Path) -> Result<UnixListener, ControlServerError> {
     let staging = PathBuf::from(staging);
     let _ = std::fs::remove_file(&staging);
     let listener = UnixListener::bind(&staging).map_err(bind_err)?;
-    std::fs::set_permissions(&staging, std::fs::Permissions::from_mode(0o600))
+    std::fs::set_permissions(&staging, std::fs::Permissions::from_mode(mode))
         .and_then(|()| std::fs::rename(&staging, path))
         .map_err(|source| {
             let _ = std::fs::remove_file(&staging);
@@ -109,22 +133,54 @@ pub async fn bind(path: &Path) -> Result<UnixListener, ControlServerError> {
 /// Serves control connections until the task is dropped.
 pub async fn serve(listener: UnixListener, runs: Arc<Runs>) {
     let slots = Arc::new(Semaphore::new(MAX_CONNECTIONS));
+    let waiting = Arc::new(Semaphore::new(MAX_WAITING));
     loop {
         let Ok((stream, _)) = listener.accept().await else {
             continue;
         };
-        let Ok(permit) = slots.clone().try_acquire_owned() else {
-            drop(stream);
-            continue;
-        };
-        let runs = runs.clone();
-        tokio::spawn(async move {
-            if let Err(error) = serve_connection(stream, &runs).await {
-                tracing::debug!(%error, "control connection ended");
+        let turn = match slots.clone().try_acquire_owned() {
+            Ok(turn) => turn,
+            Err(_) => {
+                // The waiting room, or a refusal at once.
+                let Ok(wait) = waiting.clone().try_acquire_owned() else {
+                    refuse(&stream);
+                    continue;
+                };
+                let (runs, slots) = (runs.clone(), slots.clone());
+                tokio::spawn(async move {
+                    let turn = tokio::time::timeout(ADMIT_WAIT, slots.acquire_owned()).await;
+                    drop(wait);
+                    match turn {
+                        Ok(Ok(turn)) => serve_turn(stream, runs, turn).await,
+                        _ => refuse(&stream),
+                    }
+                });
+                continue;
             }
-            drop(permit);
-        });
+        };
+        tokio::spawn(serve_turn(stream, runs.clone(), turn));
     }
+}
+
+/// Serves one connection while it holds its turn.
+async fn serve_turn(stream: UnixStream, runs: Arc<Runs>, turn: OwnedSemaphorePermit) {
+    if let Err(error) = serve_connection(stream, &runs).await {
+        tracing::debug!(%error, "control connection ended");
+    }
+    drop(turn);
+}
+
+/// Answers a connection that gets no turn with one `capacity` refusal line, without
+/// waiting: a fresh connection's send buffer takes it whole.
+fn refuse(stream: &UnixStream) {
+    let line = encode(&Response::refused(RefusalReason::Capacity, AT_CAPACITY));
+    if stream.try_write(&line).is_err() {
+        tracing::debug!("a control connection without a turn closed before its refusal");
+    }
+    tracing::warn!(
+        max = MAX_CONNECTIONS,
+        "control connection refused: every turn is taken and the waiting room is full or the wait ran out"
+    );
 }
 
 async fn serve_connection(stream: UnixStream, runs: &Arc<Runs>) -> std::io::Result<()> {
@@ -167,6 +223,7 @@ async fn serve_connection(stream: UnixStream, runs: &Arc<Runs>) -> std::io::Resu
 async fn handle(request: Request, runs: &Arc<Runs>) -> Response {
     match request {
         Request::Hello => runs.hello(),
+        Request::Catalogue => runs.catalogue(),
         Request::Open(open) => runs.open(open),
         Request::Close { run } => runs.close(&run, CloseReason::Closed).await,
         Request::OpenSession(open) => runs.open_session(open),

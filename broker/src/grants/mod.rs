@@ -150,6 +150,12 @@ pub enum Callers {
     Only(BTreeSet<String>),
 }
 
+/// Whether `s` is non-empty and only bytes 0x21–0x7e: safe as a bearer token (a static
+/// token is checked at load, a minted one before it is used).
+pub fn is_token_text(s: &str) -> bool {
+    !s.is_empty() && s.bytes().all(|b| (0x21..=0x7e).contains(&b))
+}
+
 /// How a profile's credential is made (`spec/grants.md` §1.4).
 #[derive(Clone)]
 pub enum TokenSpec {

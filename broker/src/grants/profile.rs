@@ -7,8 +7,7 @@ use std::path::{Component, Path};
 
 use super::raw::{RawProfile, RawToken};
 use super::route::Route;
-use super::{Environment, Origin, Profile, TokenSpec};
-use crate::credential::is_token_text;
+use super::{Environment, Origin, Profile, TokenSpec, is_token_text};
 
 /// Longest profile name (`MaxProfileNameBytes`).
 pub const MAX_PROFILE_NAME_BYTES: usize = 128;

@@ -33,7 +33,10 @@ import fs from "node:fs";
 import os from "node:os";
 import path from "node:path";
 
-const WORK = "/work";
+// The work directory: /work, or the absolute path plimsolld names in PLIMSOLL_WORK (the
+// openshell provider's /tmp/work: its sandbox policy leaves only /tmp writable). A name that
+// is not a plain absolute path is refused before anything runs.
+const WORK = workDirectory(process.env.PLIMSOLL_WORK);
 const REPORT_MARKER = "<<<PLIMSOLL_REPORT_V3>>>";
 const STEP_MARKER = "<<<PLIMSOLL_STEP_V1>>>";
 const STEP_OUTPUT_CAP = 1 << 20; // shared by a step's stdout and stderr
@@ -51,6 +54,12 @@ let key = null;
 
 // The guest identity the steps run as, when the guard moved the runner off it; else null.
 const guest = guestIdentity();
+
+function workDirectory(named) {
+    if (named === undefined || named === "") return "/work";
+    const plain = /^(\/[A-Za-z0-9._-]+)+$/.test(named) && !named.split("/").some((s) => s === "." || s === "..");
+    return plain ? named : null;
+}
 
 function guestIdentity() {
     const m = /^([0-9]+):([0-9]+)$/.exec(process.env.PLIMSOLL_GUEST_ID || "");
@@ -156,7 +165,7 @@ function proveNotInspectable(env, checks) {
 function underWork(rel, what) {
     const abs = path.resolve(WORK, rel);
     if (!abs.startsWith(WORK + "/")) {
-        throw new Error(`${what} ${JSON.stringify(rel)} is not inside /work`);
+        throw new Error(`${what} ${JSON.stringify(rel)} is not inside ${WORK}`);
     }
     return abs;
 }
@@ -173,7 +182,7 @@ function writeFiles(files) {
             throw new Error(`the directory of file ${JSON.stringify(f.path)} could not be made (${e.code || "error"})`);
         }
         if (real !== WORK && !real.startsWith(WORK + "/")) {
-            throw new Error(`file ${JSON.stringify(f.path)} is not inside /work`);
+            throw new Error(`file ${JSON.stringify(f.path)} is not inside ${WORK}`);
         }
         let fd;
         try {
@@ -412,6 +421,7 @@ async function main() {
     }
     key = Buffer.from(hexKey, "hex");
     try {
+        if (WORK === null) throw new Error("PLIMSOLL_WORK is not a plain absolute path; nothing ran");
         const plan = JSON.parse(input.subarray(newline + 1).toString("utf8"));
         const started = Date.now();
         const budgetMs = Number(plan.timeoutMs) > 0 ? Number(plan.timeoutMs) : 30000;

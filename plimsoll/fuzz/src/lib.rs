@@ -9,7 +9,8 @@
 use plimsoll::record;
 use plimsoll::refusal::Refusal;
 use plimsoll::tier::IsolationTier;
-use plimsoll::validate::{self, PayloadKind};
+use plimsoll::payload::PayloadKind;
+use plimsoll::validate;
 use plimsoll::wire::{RunRequest, SessionRunRequest, run_request, session_run_request};
 
 /// Every tier, weakest first, to hold a parsed floor against.

@@ -9,12 +9,11 @@
 use serde::{Deserialize, Serialize};
 
 use super::error::{ClientError, data_loss, from_record_error};
+use crate::payload::{Payload, PayloadKind};
 use crate::record::{self, check_single};
 use crate::tier::Floor;
-use crate::validate::PayloadKind;
 use crate::wire::{
-    CellResult, JavaScriptResult, ProjectResult, RunRecord, RunRequest, RunResponse, run_request,
-    run_response,
+    CellResult, JavaScriptResult, ProjectResult, RunRecord, RunRequest, RunResponse, run_response,
 };
 
 /// A run's request as sent and its response as received, after every check passed.
@@ -68,16 +67,10 @@ impl RunAnswer {
     /// the request digest is recomputed from the saved request, the floor and rule are the
     /// request's own.
     pub fn verify(&self) -> Result<&RunRecord, ClientError> {
-        let kind = match &self.request.payload {
-            Some(run_request::Payload::Javascript(_)) => PayloadKind::Javascript,
-            Some(run_request::Payload::Project(_)) => PayloadKind::Project,
-            Some(run_request::Payload::Module(_)) => PayloadKind::Module,
-            Some(run_request::Payload::Cell(_)) => PayloadKind::Cell,
-            None => {
-                return Err(ClientError::RecordMismatch(data_loss(
-                    "the saved request has no payload",
-                )));
-            }
+        let Some(kind) = Payload::of_run(self.request.payload.as_ref()).kind() else {
+            return Err(ClientError::RecordMismatch(data_loss(
+                "the saved request has no payload",
+            )));
         };
         let floor = Floor::parse(&self.request.minimum_isolation).map_err(|e| {
             ClientError::RecordMismatch(data_loss(format!("the saved request's floor: {e}")))

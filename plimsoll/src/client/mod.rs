@@ -76,9 +76,10 @@ use endpoint::Endpoint;
 use error::{Failure as F, data_loss, invalid};
 use transport::Transport;
 
+use crate::payload::PayloadKind;
 use crate::record::{self, check_single, session_fingerprint};
 use crate::refusal::{PROTOCOL, Reason};
-use crate::validate::{self, PayloadKind};
+use crate::validate;
 use crate::wire::{
     DescribeRequest, DescribeResponse, JavaScriptRun, OpenSessionRequest, OpenSessionResponse,
     ProjectFile, ProjectRun, RunRequest, RunResponse, run_request,

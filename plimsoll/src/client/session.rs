@@ -12,10 +12,11 @@ use super::answer::{check_floor, check_run};
 use super::error::{ClientError, Failure, data_loss, from_record_error, invalid};
 use super::options::{self, RunOptions};
 use super::transport::Transport;
+use crate::payload::PayloadKind;
 use crate::record::{self, check, check_chain, check_unanswered};
 use crate::refusal::{PROTOCOL, Reason};
 use crate::tier::Floor;
-use crate::validate::{self, PayloadKind};
+use crate::validate;
 use crate::wire::{
     CellRun, CloseSessionRequest, CloseSessionResponse, JavaScriptRun, OpenSessionResponse,
     ProjectFile, RunRecord, RunResponse, SessionEnd, SessionRunRequest, SessionRunResponse,

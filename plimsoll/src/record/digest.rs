@@ -8,9 +8,9 @@
 
 use sha2::{Digest, Sha256};
 
+use crate::payload::{Payload, Request};
 use crate::wire::{
-    CellRun, JavaScriptRun, ModuleRun, ProjectFile, ProjectRun, RunRecord, RunRequest, RunResponse,
-    SessionRunRequest, SoftwareRule, run_request, run_response, session_run_request,
+    ProjectFile, RunRecord, RunRequest, RunResponse, SessionRunRequest, run_response,
 };
 
 /// Request digest domain for protocol 0 and 1: no software rule in the encoding.
@@ -91,24 +91,6 @@ impl Encoder {
 
 // === request digest ===
 
-/// The payload of either request message, so `Run` and `SessionRun` share one encoding.
-enum RequestPayload<'a> {
-    None,
-    Javascript(&'a JavaScriptRun),
-    Project(&'a ProjectRun),
-    Module(&'a ModuleRun),
-    Cell(&'a CellRun),
-}
-
-/// The envelope fields the request digest covers; `trace_id` and `session_id` are absent on
-/// purpose (`records.md` §4.2).
-struct RequestEnvelope<'a> {
-    protocol: u32,
-    minimum_isolation: &'a str,
-    timeout_ms: i32,
-    software_rule: Option<&'a SoftwareRule>,
-}
-
 /// The request digest of a `Run` request (`records.md` §4.2), as lowercase hex.
 ///
 /// It covers the request exactly as received: `timeout_ms` as sent (zero or negative
@@ -118,20 +100,7 @@ struct RequestEnvelope<'a> {
 ///
 /// This does not validate the request: a request the daemon would refuse still has a digest.
 pub fn request_digest(req: &RunRequest) -> String {
-    let payload = match &req.payload {
-        None => RequestPayload::None,
-        Some(run_request::Payload::Javascript(js)) => RequestPayload::Javascript(js),
-        Some(run_request::Payload::Project(project)) => RequestPayload::Project(project),
-        Some(run_request::Payload::Module(module)) => RequestPayload::Module(module),
-        Some(run_request::Payload::Cell(cell)) => RequestPayload::Cell(cell),
-    };
-    let envelope = RequestEnvelope {
-        protocol: req.protocol,
-        minimum_isolation: &req.minimum_isolation,
-        timeout_ms: req.timeout_ms,
-        software_rule: req.software_rule.as_option(),
-    };
-    encode_request(&envelope, &payload)
+    encode_request(&Request::from(req))
 }
 
 /// The request digest of a `SessionRun` call (`records.md` §4.2), as lowercase hex.
@@ -140,33 +109,22 @@ pub fn request_digest(req: &RunRequest) -> String {
 /// excluded, so a session call and the equivalent `Run` share a digest. A cell payload is
 /// encoded under kind `cell`.
 pub fn session_request_digest(req: &SessionRunRequest) -> String {
-    let payload = match &req.payload {
-        None => RequestPayload::None,
-        Some(session_run_request::Payload::Javascript(js)) => RequestPayload::Javascript(js),
-        Some(session_run_request::Payload::Project(project)) => RequestPayload::Project(project),
-        Some(session_run_request::Payload::Cell(cell)) => RequestPayload::Cell(cell),
-    };
-    let envelope = RequestEnvelope {
-        protocol: req.protocol,
-        minimum_isolation: &req.minimum_isolation,
-        timeout_ms: req.timeout_ms,
-        software_rule: req.software_rule.as_option(),
-    };
-    encode_request(&envelope, &payload)
+    encode_request(&Request::from(req))
 }
 
-fn encode_request(envelope: &RequestEnvelope<'_>, payload: &RequestPayload<'_>) -> String {
-    let with_rule = envelope.protocol >= 2;
+/// The request digest of either message's view; `trace_id` is not encoded.
+fn encode_request(req: &Request<'_>) -> String {
+    let with_rule = req.protocol >= 2;
     let mut e = Encoder::new(if with_rule {
         REQUEST_DOMAIN_V2
     } else {
         REQUEST_DOMAIN_V1
     });
-    e.uint("protocol", u64::from(envelope.protocol));
-    e.str("minimum_isolation", envelope.minimum_isolation);
-    e.int("timeout_ms", i64::from(envelope.timeout_ms));
+    e.uint("protocol", u64::from(req.protocol));
+    e.str("minimum_isolation", req.minimum_isolation);
+    e.int("timeout_ms", i64::from(req.timeout_ms));
     if with_rule {
-        let (mode, identities) = match envelope.software_rule {
+        let (mode, identities) = match req.software_rule {
             Some(rule) => (rule.mode.as_str(), rule.identities.as_slice()),
             None => ("", [].as_slice()),
         };
@@ -176,14 +134,14 @@ fn encode_request(envelope: &RequestEnvelope<'_>, payload: &RequestPayload<'_>) 
             e.str("software_identity", identity);
         }
     }
-    match payload {
-        RequestPayload::None => e.str("kind", ""),
-        RequestPayload::Javascript(js) => {
+    match req.payload {
+        Payload::None => e.str("kind", ""),
+        Payload::Javascript(js) => {
             e.str("kind", "javascript");
             e.str("code", &js.code);
             e.str("grant_profile", &js.grant_profile);
         }
-        RequestPayload::Project(project) => {
+        Payload::Project(project) => {
             e.str("kind", "project");
             e.str("grant_profile", &project.grant_profile);
             encode_files(&mut e, &project.files);
@@ -196,7 +154,7 @@ fn encode_request(envelope: &RequestEnvelope<'_>, payload: &RequestPayload<'_>) 
                 e.str("artifact_path", artifact);
             }
         }
-        RequestPayload::Module(module) => {
+        Payload::Module(module) => {
             e.str("kind", "module");
             e.str("model", &module.model);
             e.doubles("end_time", &[module.end_time]);
@@ -206,7 +164,7 @@ fn encode_request(envelope: &RequestEnvelope<'_>, payload: &RequestPayload<'_>) 
                 e.doubles("row_values", &row.values);
             }
         }
-        RequestPayload::Cell(cell) => {
+        Payload::Cell(cell) => {
             e.str("kind", "cell");
             e.str("language", &cell.language);
             e.str("code", &cell.code);
@@ -438,7 +396,10 @@ pub fn session_fingerprint(session_id: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::wire::{ModuleRow, ModuleRowResult, ProjectOutcome, ProjectResult, StepResult};
+    use crate::wire::{
+        CellRun, JavaScriptRun, ModuleRow, ModuleRowResult, ModuleRun, ProjectOutcome,
+        ProjectResult, SoftwareRule, StepResult, run_request,
+    };
 
     const IDENTITY_D: &str = "oci-manifest:linux/amd64@sha256:dddddddddddddddddddddddddddddddddddddddddddddddddddddddddddddddd";
 

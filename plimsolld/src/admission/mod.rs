@@ -1,10 +1,18 @@
 //! Admission: the daemon protects itself and stays fair between callers.
 //!
-//! Every run needs, in this order, a global slot, a per-caller slot and a
-//! token from the caller's bucket. Whatever is full refuses at once with
-//! [`Refusal::AtCapacity`] (marked not dispatched, reason `capacity`) and a
-//! message naming the limit; any partial reservation is rolled back. Nothing
-//! is ever queued.
+//! **Rate tokens are charged per request, not per run** (issue 12, part 1). Every `Run`,
+//! `SessionRun` and `OpenSession` takes one token from its caller's bucket as soon as the
+//! caller is authenticated, before anything else about the request is looked at
+//! ([`Admission::take_token`]), and keeps it whether it then runs or is refused; with the
+//! bucket empty it is refused at once. A `CloseSession` that is refused takes one too, if
+//! one is left ([`Admission::spend_token`]), but is never refused for want of one: closing
+//! frees what the caller holds. `Describe` costs nothing. So a caller cannot make the
+//! daemon do work, even work that ends in a refusal, faster than its rate.
+//!
+//! A run then needs, at wire.md §6.1 step 8, a global slot and a per-caller slot
+//! ([`Admission::admit`]). Whatever is full refuses at once with [`Refusal::AtCapacity`]
+//! (marked not dispatched, reason `capacity`) and a message naming the limit; any partial
+//! reservation is rolled back. Nothing is ever queued.
 //!
 //! An admitted run holds a [`Permit`]. Dropping it frees the slots, so no path
 //! can leak one; the run keeps it until its sandbox is gone.
@@ -57,7 +65,8 @@ impl Admission {
         self.slots.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Admits one run for `caller`, or refuses it as at capacity.
+    /// Admits one run for `caller` (whose request has taken its token already), or refuses
+    /// it as at capacity.
     pub fn admit(self: &Arc<Self>, caller: &str) -> Result<Permit, Refusal> {
         let mut s = self.slots();
         // 1: the global slot.
@@ -77,13 +86,6 @@ impl Admission {
                 ShedReason::PerKey,
                 format!("per-caller concurrency limit reached ({mine} in flight), retry shortly"),
             ));
-        }
-        // 3: a token. Nothing was reserved yet, so a refusal here rolls back nothing.
-        if let Some(b) = s.buckets.as_mut()
-            && !b.take(caller, Instant::now())
-        {
-            drop(s);
-            return Err(self.rate_refusal());
         }
         s.in_flight += 1;
         s.per_caller.insert(caller.to_owned(), mine + 1);
@@ -106,9 +108,10 @@ impl Admission {
         )
     }
 
-    /// Charges `caller` one rate token without a slot: a session call, whose session
-    /// already holds its slot (providers.md §10.2).
-    pub fn charge(&self, caller: &str) -> Result<(), Refusal> {
+    /// Takes the token of one request of `caller`, or refuses the request at once when the
+    /// caller's bucket is empty (a request that is then refused for another reason keeps
+    /// having paid it).
+    pub fn take_token(&self, caller: &str) -> Result<(), Refusal> {
         let mut s = self.slots();
         if let Some(b) = s.buckets.as_mut()
             && !b.take(caller, Instant::now())
@@ -117,6 +120,14 @@ impl Admission {
             return Err(self.rate_refusal());
         }
         Ok(())
+    }
+
+    /// Takes a token of `caller`'s if one is left, and never refuses: the charge of a
+    /// refused request that may not be refused for want of a token (`CloseSession`).
+    pub fn spend_token(&self, caller: &str) {
+        if let Some(b) = self.slots().buckets.as_mut() {
+            b.take(caller, Instant::now());
+        }
     }
 
     fn shed(&self, reason: ShedReason, message: String) -> Refusal {
@@ -215,13 +226,37 @@ mod tests {
     }
 
     #[test]
-    fn rate_refusal_takes_no_slot() {
+    fn a_request_pays_its_token_before_anything_and_an_empty_bucket_refuses() {
+        let metrics = Arc::new(Metrics::default());
+        let a = Admission::new(limits(8, 0, 2, 2), metrics.clone());
+        a.take_token("a").unwrap();
+        let _p = a.admit("a").unwrap();
+        // A refused request paid too; the next finds the bucket empty.
+        a.take_token("a").unwrap();
+        let msg = reason(a.take_token("a").unwrap_err());
+        assert!(msg.contains("rate limit: 2 runs/min"), "{msg}");
+        assert_eq!(a.in_flight(), 1, "a rate refusal takes no slot");
+        assert!(
+            metrics
+                .render()
+                .contains("plimsoll_shed_total{reason=\"rate\"} 1")
+        );
+        // Another caller has a bucket of its own.
+        assert!(a.take_token("b").is_ok());
+    }
+
+    #[test]
+    fn spending_a_token_never_refuses_and_empties_the_bucket() {
         let a = Admission::new(limits(8, 0, 1, 1), Arc::new(Metrics::default()));
-        let p = a.admit("a").unwrap();
-        drop(p);
-        let msg = reason(a.admit("a").unwrap_err());
-        assert!(msg.contains("rate limit: 1 runs/min"), "{msg}");
-        assert_eq!(a.in_flight(), 0);
+        a.spend_token("a");
+        a.spend_token("a");
+        assert!(a.take_token("a").is_err());
+        // With the rate limit off there is nothing to take.
+        let off = Admission::new(limits(8, 0, 0, 0), Arc::new(Metrics::default()));
+        for _ in 0..100 {
+            off.spend_token("a");
+            assert!(off.take_token("a").is_ok());
+        }
     }
 
     #[test]

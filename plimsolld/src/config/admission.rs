@@ -6,7 +6,8 @@ use super::env::{
     ENV_PAID_SECONDS_PER_DAY, ENV_PER_KEY_CONCURRENT, ENV_RATE_BURST, ENV_RATE_PER_MIN,
     ENV_TOTAL_MEMORY_MB,
 };
-use super::{ConfigProblem, ProviderKind, Reader};
+use super::{ConfigProblem, Reader};
+use crate::provider::config::ProviderConfig;
 
 /// Per-run memory charged against `SANDBOX_TOTAL_MEMORY_MB` when
 /// `SANDBOX_MEMORY_MB` is unset.
@@ -38,7 +39,7 @@ impl Reader<'_> {
     /// `SANDBOX_MAX_CONCURRENT`, `memory_mb` the per-run `SANDBOX_MEMORY_MB`.
     pub(super) fn limits(
         &mut self,
-        provider: Option<ProviderKind>,
+        provider: Option<&ProviderConfig>,
         memory_mb: u32,
         max_concurrent: u32,
     ) -> Limits {
@@ -79,12 +80,11 @@ impl Reader<'_> {
             b => b,
         };
         let paid = self.integer(ENV_PAID_SECONDS_PER_DAY, 0);
-        if paid > 0 {
-            // No metered provider is built into this daemon yet.
+        if paid > 0 && !provider.is_some_and(|p| p.settings().metered()) {
             self.problems.push(ConfigProblem::UnsupportedByProvider {
                 var: ENV_PAID_SECONDS_PER_DAY,
                 value: paid,
-                provider: provider.unwrap_or(ProviderKind::Disabled),
+                provider: provider.map_or("disabled", ProviderConfig::name),
             });
         }
         Limits {

@@ -7,7 +7,7 @@
 
 use std::collections::HashMap;
 
-use super::KNOWN_PROVIDERS;
+use crate::provider::config::KNOWN_PROVIDERS;
 
 // === Variable names ===
 
@@ -15,6 +15,9 @@ use super::KNOWN_PROVIDERS;
 pub const ENV_ADDR: &str = "PLIMSOLL_ADDR";
 /// Metrics listener, `host:port` or `off`. Default [`DEFAULT_METRICS_ADDR`]. Trimmed.
 pub const ENV_METRICS_ADDR: &str = "PLIMSOLL_METRICS_ADDR";
+/// A file the daemon writes its bound RPC address to (`host:port` and a newline) once it
+/// listens, and removes when it stops: how scripts learn a `:0` port. Unset: no file.
+pub const ENV_ADDR_FILE: &str = "PLIMSOLL_ADDR_FILE";
 /// `text` selects key=value logs; anything else means JSON.
 pub const ENV_LOG_FORMAT: &str = "PLIMSOLL_LOG_FORMAT";
 /// Path of the caller registry; wins over [`ENV_TOKEN`].
@@ -57,6 +60,8 @@ pub const ENV_PAID_SECONDS_PER_DAY: &str = "SANDBOX_PAID_SECONDS_PER_DAY";
 pub const ENV_DOCKER_IMAGE: &str = "SANDBOX_DOCKER_IMAGE";
 /// docker: the project and session image.
 pub const ENV_DOCKER_PROJECT_IMAGE: &str = "SANDBOX_DOCKER_PROJECT_IMAGE";
+/// docker: the module image (sim-worker and its models); unset, modules are unsupported.
+pub const ENV_DOCKER_MODULE_IMAGE: &str = "SANDBOX_DOCKER_MODULE_IMAGE";
 /// docker: the OCI runtime; `runsc` (gVisor) for the kernel tier, empty for runc.
 pub const ENV_DOCKER_RUNTIME: &str = "SANDBOX_DOCKER_RUNTIME";
 /// docker: a seccomp profile path, `unconfined` or `default`; empty keeps docker's default.
@@ -69,6 +74,16 @@ pub const ENV_REQUIRE_PINNED_IMAGES: &str = "SANDBOX_REQUIRE_PINNED_IMAGES";
 pub const ENV_DOCKER_HOST: &str = "DOCKER_HOST";
 /// docker: a CLI context name; refused unless empty or `default` (contexts are not read).
 pub const ENV_DOCKER_CONTEXT: &str = "DOCKER_CONTEXT";
+/// openshell: the gateway's gRPC endpoint, `https://host:port` with no path (required).
+pub const ENV_OPENSHELL_GATEWAY_URL: &str = "SANDBOX_OPENSHELL_GATEWAY_URL";
+/// openshell: PEM roots the gateway's server certificate must chain to (required).
+pub const ENV_OPENSHELL_CA_FILE: &str = "SANDBOX_OPENSHELL_CA_FILE";
+/// openshell: the PEM client certificate plimsolld presents (required).
+pub const ENV_OPENSHELL_CERT_FILE: &str = "SANDBOX_OPENSHELL_CERT_FILE";
+/// openshell: the client certificate's PEM private key (required).
+pub const ENV_OPENSHELL_KEY_FILE: &str = "SANDBOX_OPENSHELL_KEY_FILE";
+/// openshell: the sandbox image (node, sh, the runner, its guard and the relay; required).
+pub const ENV_OPENSHELL_IMAGE: &str = "SANDBOX_OPENSHELL_IMAGE";
 /// Live sessions at once; 0 (the default) turns sessions off.
 pub const ENV_MAX_SESSIONS: &str = "SANDBOX_MAX_SESSIONS";
 /// Live sessions per caller; 0 = no per-caller cap.
@@ -122,6 +137,8 @@ pub enum HelpGroup {
     Listeners,
     /// The docker provider's settings.
     Docker,
+    /// The openshell provider's settings.
+    OpenShell,
     /// Per-run envelope and admission limits.
     Limits,
 }
@@ -177,6 +194,12 @@ pub const VARIABLES: &[Variable] = &[
         ENV_METRICS_ADDR,
         DEFAULT_METRICS_ADDR,
         "metrics listener host:port, or off",
+        HelpGroup::Listeners,
+    ),
+    var(
+        ENV_ADDR_FILE,
+        "unset",
+        "file written with the bound RPC address (host:port) once listening; removed at exit",
         HelpGroup::Listeners,
     ),
     var(
@@ -349,6 +372,12 @@ pub const VARIABLES: &[Variable] = &[
         HelpGroup::Docker,
     ),
     var(
+        ENV_DOCKER_MODULE_IMAGE,
+        "unset (no modules)",
+        "module image (images/build makes plimsoll/sandbox-module:latest); proven at startup",
+        HelpGroup::Docker,
+    ),
+    var(
         ENV_DOCKER_RUNTIME,
         "unset (runc)",
         "runsc for gVisor (tier kernel, must be registered with --host-uds=open)",
@@ -384,6 +413,36 @@ pub const VARIABLES: &[Variable] = &[
         "refused unless default: set DOCKER_HOST instead",
         HelpGroup::Docker,
     ),
+    var(
+        ENV_OPENSHELL_GATEWAY_URL,
+        "unset (required)",
+        "the gateway, https://host:port (gRPC over mutual TLS; no proxy is used)",
+        HelpGroup::OpenShell,
+    ),
+    var(
+        ENV_OPENSHELL_CA_FILE,
+        "unset (required)",
+        "PEM roots for the gateway's certificate (the only roots trusted)",
+        HelpGroup::OpenShell,
+    ),
+    var(
+        ENV_OPENSHELL_CERT_FILE,
+        "unset (required)",
+        "PEM client certificate presented to the gateway",
+        HelpGroup::OpenShell,
+    ),
+    var(
+        ENV_OPENSHELL_KEY_FILE,
+        "unset (required)",
+        "PEM private key of the client certificate",
+        HelpGroup::OpenShell,
+    ),
+    var(
+        ENV_OPENSHELL_IMAGE,
+        "unset (required)",
+        "sandbox image with node, sh, /runner.mjs, its guard and plimsoll-relay",
+        HelpGroup::OpenShell,
+    ),
 ];
 
 const HELP_HEAD: &str = "\
@@ -407,7 +466,7 @@ Endpoints:
 /// authentication, limits, then the endpoints. Every variable the daemon reads appears once.
 pub fn help_text() -> String {
     let width = VARIABLES.iter().map(|v| v.name.len()).max().unwrap_or(0) + 2;
-    let providers: Vec<&str> = KNOWN_PROVIDERS.iter().map(|p| p.name()).collect();
+    let providers: Vec<&str> = KNOWN_PROVIDERS.iter().map(|p| p.name).collect();
     let mut out = String::from(HELP_HEAD);
     for (group, title) in [
         (HelpGroup::Provider, "Provider"),
@@ -416,6 +475,7 @@ pub fn help_text() -> String {
             "Listeners, authentication and transport",
         ),
         (HelpGroup::Docker, "docker provider"),
+        (HelpGroup::OpenShell, "openshell provider"),
         (HelpGroup::Limits, "Limits"),
     ] {
         out.push('\n');
@@ -580,11 +640,7 @@ mod tests {
             .find(|l| l.trim_start().starts_with(ENV_PROVIDER))
             .unwrap_or_default();
         for p in KNOWN_PROVIDERS {
-            assert!(
-                line.contains(p.name()),
-                "{} missing from {line:?}",
-                p.name()
-            );
+            assert!(line.contains(p.name), "{} missing from {line:?}", p.name);
         }
     }
 

@@ -5,19 +5,18 @@
 //! passes call the same function; only `proven_tier` differs. Every violation is collected and
 //! reported together.
 //!
-//! Rules this build can judge: isolation (1), identity (2), transport (3) and the explicit
-//! envelope (5). Immutable surface (4) has no rule for `disabled` or `wasm`; rate (6),
-//! per-caller concurrency (7) and metered allowances (9) arrive with the settings they judge;
-//! sessions (8) are judged here.
+//! Rules this build can judge: isolation (1), identity (2), transport (3), immutable surface
+//! (4), the explicit envelope (5) and sessions (8). The provider's part of rules 1, 4 and 5
+//! (the tier it could reach, its own surface, the limits its sandboxes need) comes from its
+//! settings ([`crate::provider::config::ProviderSettings`]); rate (6), per-caller concurrency
+//! (7) and metered allowances (9) arrive with the settings they judge.
 
-use super::docker::SeccompSetting;
 use super::env::{
-    ENV_ADDR, ENV_CLIENTS_FILE, ENV_CPUS, ENV_DISK_MB, ENV_DOCKER_RUNTIME, ENV_DOCKER_SECCOMP,
-    ENV_INSECURE, ENV_MEMORY_MB, ENV_METRICS_ADDR, ENV_PIDS, ENV_REQUIRE_PINNED_IMAGES,
-    ENV_TOTAL_MEMORY_MB,
+    ENV_ADDR, ENV_CLIENTS_FILE, ENV_CPUS, ENV_DISK_MB, ENV_INSECURE, ENV_MEMORY_MB,
+    ENV_METRICS_ADDR,
 };
 use super::listen_addr::is_loopback_addr;
-use super::{AuthConfig, Config, ProviderKind};
+use super::{AuthConfig, Config};
 
 /// Tiers hardened mode accepts.
 const HARDENED_TIERS: &[&str] = &["kernel", "vm"];
@@ -33,31 +32,26 @@ pub struct HardenedError {
 /// Every violation of the hardened policy that `config` (and the tier, once proven) shows.
 ///
 /// `proven_tier` is `None` on the first pass: the isolation rule then judges the best tier
-/// the provider could ever prove ([`super::ProviderKind::highest_tier`]), so `disabled` and
+/// the provider could ever prove
+/// ([`ProviderSettings::highest_tier`](crate::provider::config::ProviderSettings::highest_tier)),
+/// so `disabled` and
 /// `wasm` fail at once while a provider that might reach `kernel` waits for its proof. On the
 /// second pass it is the tier the smoke test proved (`none`, `process`, `container`, `kernel`,
 /// `vm` or `unknown`). Computes the violations whether or not `config.hardened` is set; see
 /// [`enforce_hardened`] for the gate.
 pub fn hardened_violations(config: &Config, proven_tier: Option<&str>) -> Vec<String> {
     let mut violations = Vec::new();
+    let provider = config.provider.settings();
 
-    // 1. Isolation. Docker can reach `kernel` only under runsc, so runc fails before the proof.
-    let highest = match config.provider {
-        ProviderKind::Docker if !config.docker.runtime.is_runsc() => "container",
-        other => other.highest_tier(),
-    };
-    let tier = proven_tier.unwrap_or(highest);
+    // 1. Isolation. A provider that cannot reach `kernel` fails before the proof.
+    let tier = proven_tier.unwrap_or(provider.highest_tier().as_str());
     if !HARDENED_TIERS.contains(&tier) {
         let how = if proven_tier.is_some() {
             "proved"
         } else {
             "can reach at most"
         };
-        let hint = if config.provider == ProviderKind::Docker && !config.docker.runtime.is_runsc() {
-            format!(" (set {ENV_DOCKER_RUNTIME}=runsc for gVisor)")
-        } else {
-            String::new()
-        };
+        let hint = provider.tier_hint().unwrap_or_default();
         violations.push(format!(
             "isolation: the {} provider {how} tier {tier}; hardened mode requires kernel or vm{hint}",
             config.provider
@@ -96,19 +90,9 @@ pub fn hardened_violations(config: &Config, proven_tier: Option<&str>) -> Vec<St
         }
     }
 
-    // 4. Immutable surface (docker): images pinned, a syscall filter kept.
-    if config.provider == ProviderKind::Docker {
-        if !config.docker.require_pinned_images {
-            violations.push(format!(
-                "immutable surface: {ENV_REQUIRE_PINNED_IMAGES}=1 is required with the docker provider"
-            ));
-        }
-        if config.docker.seccomp == SeccompSetting::Unconfined {
-            violations.push(format!(
-                "immutable surface: {ENV_DOCKER_SECCOMP}=unconfined is not accepted"
-            ));
-        }
-    }
+    // 4. Immutable surface: the provider's own rules (docker: images pinned, a syscall
+    // filter kept).
+    violations.extend(provider.surface_violations());
 
     // 5. Explicit envelope. Disk only where the provider can enforce it: wasm refuses
     // SANDBOX_DISK_MB outright, so demanding it would be a rule no configuration can meet.
@@ -117,16 +101,10 @@ pub fn hardened_violations(config: &Config, proven_tier: Option<&str>) -> Vec<St
         (ENV_MEMORY_MB, f64::from(resources.memory_mb)),
         (ENV_CPUS, resources.cpus),
     ];
-    if config.provider.supports_disk() {
+    if provider.enforces_disk() {
         required.push((ENV_DISK_MB, f64::from(resources.disk_mb)));
     }
-    if config.provider == ProviderKind::Docker {
-        required.push((ENV_PIDS, f64::from(resources.pids)));
-        required.push((
-            ENV_TOTAL_MEMORY_MB,
-            f64::from(config.limits.total_memory_mb),
-        ));
-    }
+    required.extend(provider.required_envelope(config));
     for (var, value) in required {
         if value <= 0.0 {
             violations.push(format!("envelope: {var} must be set explicitly, above 0"));
@@ -159,37 +137,42 @@ pub fn enforce_hardened(config: &Config, proven_tier: Option<&str>) -> Result<()
     }
 }
 
+/// A configuration that passes every rule this build can judge once a `kernel` tier is
+/// proven: what each provider's own hardened-mode tests start from.
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used)]
+pub(crate) fn passing() -> Config {
+    use crate::auth::clients_file::{ClientEntry, ClientsFile};
+    use crate::config::Resources;
+
+    let mut config = Config::from_env(&std::collections::HashMap::new()).unwrap();
+    config.hardened = true;
+    config.auth = AuthConfig::Clients(
+        ClientsFile::new(vec![ClientEntry {
+            id: "ci".into(),
+            token_sha256: "a".repeat(64),
+            scopes: vec!["code:run".into()],
+            paid_seconds_per_day: None,
+        }])
+        .unwrap(),
+    );
+    config.resources = Resources {
+        memory_mb: 256,
+        cpus: 1.0,
+        pids: 0,
+        disk_mb: 64,
+    };
+    config
+}
+
 #[cfg(test)]
 #[allow(clippy::unwrap_used, clippy::expect_used)]
 mod tests {
     use std::collections::HashMap;
 
     use super::*;
-    use crate::auth::clients_file::{ClientEntry, ClientsFile};
-    use crate::config::{ProviderKind, Resources, TlsFiles};
-
-    /// A configuration that passes every rule this build can judge, once a `kernel` tier is
-    /// proven.
-    fn passing() -> Config {
-        let mut config = Config::from_env(&HashMap::new()).unwrap();
-        config.hardened = true;
-        config.auth = AuthConfig::Clients(
-            ClientsFile::new(vec![ClientEntry {
-                id: "ci".into(),
-                token_sha256: "a".repeat(64),
-                scopes: vec!["code:run".into()],
-                paid_seconds_per_day: None,
-            }])
-            .unwrap(),
-        );
-        config.resources = Resources {
-            memory_mb: 256,
-            cpus: 1.0,
-            pids: 0,
-            disk_mb: 64,
-        };
-        config
-    }
+    use crate::config::{Resources, TlsFiles};
+    use crate::provider::config::ProviderConfig;
 
     fn violations(config: &Config) -> Vec<String> {
         hardened_violations(config, Some("kernel"))
@@ -216,7 +199,7 @@ mod tests {
         let mut config = passing();
         let found = hardened_violations(&config, None);
         assert!(found[0].contains("disabled provider can reach at most tier none"));
-        config.provider = ProviderKind::Wasm;
+        config.provider = ProviderConfig::Wasm(Default::default());
         config.resources.disk_mb = 0;
         let found = hardened_violations(&config, None);
         assert_eq!(found.len(), 1, "{found:?}");
@@ -309,80 +292,6 @@ mod tests {
             err.to_string()
                 .starts_with("hardened-mode policy violation")
         );
-    }
-
-    /// A docker configuration that passes every rule once `kernel` is proven.
-    fn docker_passing() -> Config {
-        let mut config = passing();
-        config.provider = ProviderKind::Docker;
-        config.docker.runtime = crate::config::docker::DockerRuntime::Named("runsc".into());
-        config.docker.require_pinned_images = true;
-        config.resources.pids = 256;
-        config.limits.total_memory_mb = 4096;
-        config
-    }
-
-    #[test]
-    fn docker_under_runsc_with_pins_and_full_envelope_passes() {
-        assert_eq!(violations(&docker_passing()), Vec::<String>::new());
-        assert!(hardened_violations(&docker_passing(), None).is_empty());
-    }
-
-    #[test]
-    fn sessions_on_without_a_per_caller_cap_are_a_violation() {
-        let mut config = docker_passing();
-        config.sessions.max_sessions = 4;
-        let found = hardened_violations(&config, None);
-        assert_eq!(found.len(), 1, "{found:?}");
-        assert!(
-            found[0].contains("SANDBOX_MAX_SESSIONS_PER_CALLER"),
-            "{found:?}"
-        );
-        config.sessions.per_caller = 1;
-        assert!(hardened_violations(&config, None).is_empty());
-    }
-
-    #[test]
-    fn docker_under_runc_fails_isolation_before_any_proof() {
-        let mut config = docker_passing();
-        config.docker.runtime = crate::config::docker::DockerRuntime::Default;
-        let found = hardened_violations(&config, None);
-        assert_eq!(found.len(), 1, "{found:?}");
-        assert!(
-            found[0].contains("can reach at most tier container"),
-            "{found:?}"
-        );
-        assert!(
-            found[0].contains("SANDBOX_DOCKER_RUNTIME=runsc"),
-            "{found:?}"
-        );
-        let found = hardened_violations(&config, Some("container"));
-        assert!(found[0].starts_with("isolation:"), "{found:?}");
-    }
-
-    #[test]
-    fn docker_needs_pinned_images_and_a_syscall_filter() {
-        let mut config = docker_passing();
-        config.docker.require_pinned_images = false;
-        config.docker.seccomp = SeccompSetting::Unconfined;
-        let found = violations(&config);
-        assert_eq!(found.len(), 2, "{found:?}");
-        assert!(found[0].contains("SANDBOX_REQUIRE_PINNED_IMAGES=1"));
-        assert!(found[1].contains("SANDBOX_DOCKER_SECCOMP=unconfined"));
-        config.docker.require_pinned_images = true;
-        config.docker.seccomp = SeccompSetting::Profile("seccomp/profile.json".into());
-        assert!(violations(&config).is_empty());
-    }
-
-    #[test]
-    fn docker_envelope_also_needs_pids_and_a_memory_budget() {
-        let mut config = docker_passing();
-        config.resources.pids = 0;
-        config.limits.total_memory_mb = 0;
-        let found = violations(&config);
-        assert_eq!(found.len(), 2, "{found:?}");
-        assert!(found.iter().any(|v| v.contains("SANDBOX_PIDS")));
-        assert!(found.iter().any(|v| v.contains("SANDBOX_TOTAL_MEMORY_MB")));
     }
 
     #[test]

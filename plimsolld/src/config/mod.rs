@@ -7,22 +7,24 @@
 //! and use the values checked here. The clients file is the exception: it is read here,
 //! because a bad registry must fail before anything else starts.
 //!
-//! Hardened mode's policy lives in [`hardened`]; Go-style durations in [`duration`].
+//! Hardened mode's policy lives in [`hardened`]; Go-style durations in [`duration`]. A
+//! provider's own settings, and the facts the checks here ask of it, live with the provider
+//! ([`crate::provider::config`]); this module reads `SANDBOX_PROVIDER` and hands the provider
+//! its share of the environment.
 
 pub mod admission;
-pub mod docker;
 pub mod duration;
 pub mod env;
 pub mod grants;
 pub mod hardened;
 pub mod listen_addr;
 pub mod session;
-mod value;
+pub(crate) mod value;
 
-use std::fmt;
 use std::path::PathBuf;
 
 use crate::auth::clients_file::{self, ClientsFile, ClientsFileError, TokenShapeError};
+use crate::provider::config::{KNOWN_PROVIDERS, KnownProvider, ProviderConfig, SharedSettings};
 use env::*;
 use listen_addr::{HostPort, HostPortError};
 use value::ScalarError;
@@ -33,84 +35,6 @@ pub use hardened::{HardenedError, enforce_hardened, hardened_violations};
 /// Isolation floors `SANDBOX_MIN_ISOLATION` accepts, weakest first. `none` and `unknown` are
 /// tiers a provider can report, never a floor.
 pub const FLOOR_TIERS: &[&str] = &["process", "container", "kernel", "vm"];
-
-/// Every provider this build knows, in help-text order. Adding a provider means adding a
-/// [`ProviderKind`] variant here; the compiler then points at every rule that must decide
-/// about it.
-pub const KNOWN_PROVIDERS: &[ProviderKind] = &[
-    ProviderKind::Disabled,
-    ProviderKind::Wasm,
-    ProviderKind::Docker,
-];
-
-// === impl ProviderKind ===
-
-/// The sandbox provider the operator chose with `SANDBOX_PROVIDER`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ProviderKind {
-    /// Runs nothing; every run is refused as unsupported. The default.
-    Disabled,
-    /// In-process WebAssembly (QuickJS); process tier.
-    Wasm,
-    /// Local Docker Engine: `container` under runc, `kernel` under verified gVisor runsc.
-    Docker,
-}
-
-impl ProviderKind {
-    /// The name operators write in `SANDBOX_PROVIDER`.
-    pub const fn name(self) -> &'static str {
-        match self {
-            Self::Disabled => "disabled",
-            Self::Wasm => "wasm",
-            Self::Docker => "docker",
-        }
-    }
-
-    /// Looks up a trimmed, lower-cased name among [`KNOWN_PROVIDERS`].
-    pub fn from_name(name: &str) -> Option<Self> {
-        KNOWN_PROVIDERS.iter().copied().find(|p| p.name() == name)
-    }
-
-    /// True for every provider that can run code (all but `disabled`): these need
-    /// authentication unless `PLIMSOLL_INSECURE=1`.
-    pub const fn is_real(self) -> bool {
-        !matches!(self, Self::Disabled)
-    }
-
-    /// The strongest tier this provider could ever prove. Hardened mode uses it before the
-    /// smoke test, so a provider that cannot reach `kernel` fails without running anything.
-    pub const fn highest_tier(self) -> &'static str {
-        match self {
-            Self::Disabled => "none",
-            Self::Wasm => "process",
-            Self::Docker => "kernel",
-        }
-    }
-
-    /// Whether the provider can enforce `SANDBOX_PIDS` (config.md section 2.3).
-    pub const fn supports_pids(self) -> bool {
-        match self {
-            Self::Disabled => true,
-            Self::Wasm => false,
-            Self::Docker => true,
-        }
-    }
-
-    /// Whether the provider can enforce `SANDBOX_DISK_MB` (config.md section 2.3).
-    pub const fn supports_disk(self) -> bool {
-        match self {
-            Self::Disabled => true,
-            Self::Wasm => false,
-            Self::Docker => true,
-        }
-    }
-}
-
-impl fmt::Display for ProviderKind {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.name())
-    }
-}
 
 // === Config types ===
 
@@ -168,6 +92,9 @@ pub struct Config {
     pub addr: String,
     /// `PLIMSOLL_METRICS_ADDR`, trimmed; `None` when `off`.
     pub metrics_addr: Option<String>,
+    /// `PLIMSOLL_ADDR_FILE`, trimmed: where the bound RPC address is written; `None` when
+    /// unset.
+    pub addr_file: Option<PathBuf>,
     /// `PLIMSOLL_LOG_FORMAT`.
     pub log_format: LogFormat,
     /// Clients file, token, or open.
@@ -181,8 +108,8 @@ pub struct Config {
     pub tls: Option<TlsFiles>,
     /// `PLIMSOLL_HARDENED` is `1` or `true`.
     pub hardened: bool,
-    /// `SANDBOX_PROVIDER`.
-    pub provider: ProviderKind,
+    /// `SANDBOX_PROVIDER`, with that provider's own settings.
+    pub provider: ProviderConfig,
     /// `SANDBOX_MIN_ISOLATION`: one of [`FLOOR_TIERS`], or `None` for no floor. Compared with
     /// the proven tier only after the smoke test.
     pub min_isolation: Option<String>,
@@ -192,8 +119,6 @@ pub struct Config {
     pub max_concurrent: u32,
     /// The admission limits; `limits.max_concurrent` equals `max_concurrent`.
     pub limits: admission::Limits,
-    /// The docker provider's settings (defaults unless the provider is docker).
-    pub docker: docker::DockerConfig,
     /// The session settings (sessions are off unless `SANDBOX_MAX_SESSIONS` > 0).
     pub sessions: session::SessionConfig,
     /// The grant path: off, an operator-run broker, or a supervised child.
@@ -268,14 +193,14 @@ pub enum ConfigProblem {
     UnsupportedByProvider {
         var: &'static str,
         value: u32,
-        provider: ProviderKind,
+        provider: &'static str,
     },
     /// `SANDBOX_MAX_CONCURRENT` outside `[1, 1024]`.
     #[error("SANDBOX_MAX_CONCURRENT: max_concurrent={value} is outside [1,1024]")]
     MaxConcurrentOutOfRange { value: i64 },
-    /// A docker setting is malformed, or set for another provider.
+    /// A provider's own setting is malformed, or set for a provider that has no such setting.
     #[error("{var}={value:?} {reason}")]
-    DockerSetting {
+    ProviderSetting {
         var: &'static str,
         value: String,
         reason: String,
@@ -307,7 +232,7 @@ impl ConfigProblem {
             | Self::NotBoolean { var, .. }
             | Self::NotHostPort { var, .. }
             | Self::UnsupportedByProvider { var, .. }
-            | Self::DockerSetting { var, .. } => var,
+            | Self::ProviderSetting { var, .. } => var,
             Self::TokenTooShort { .. } | Self::TokenShape(_) | Self::OpenModeRefused => ENV_TOKEN,
             Self::ClientsFileLoad { .. } | Self::ClientsFileEmpty { .. } => ENV_CLIENTS_FILE,
             Self::TlsIncomplete { missing } => missing,
@@ -347,13 +272,13 @@ impl Config {
     /// [`Config::unknown_vars`], never refused. Hardened mode is *not* enforced here: call
     /// [`enforce_hardened`] at the two points config.md section 9 names.
     pub fn from_env(env: &dyn Strings) -> Result<Config, ConfigError> {
-        let mut r = Reader {
-            env,
-            problems: Vec::new(),
-        };
+        let mut r = Reader::new(env);
 
         let addr = r.addr();
         let metrics_addr = r.metrics_addr();
+        let addr_file = Some(r.trimmed(ENV_ADDR_FILE))
+            .filter(|path| !path.is_empty())
+            .map(PathBuf::from);
         let log_format = if r.trimmed(ENV_LOG_FORMAT).eq_ignore_ascii_case("text") {
             LogFormat::Text
         } else {
@@ -363,15 +288,17 @@ impl Config {
         let insecure = insecure_raw == "1";
         let tls = r.tls();
         let hardened = r.boolean(ENV_HARDENED);
-        let provider = r.provider();
+        let shared = SharedSettings {
+            require_pinned_images: r.boolean(ENV_REQUIRE_PINNED_IMAGES),
+        };
+        let provider = r.provider(&shared);
         let min_isolation = r.floor();
-        let resources = r.resources(provider);
+        let resources = r.resources(provider.as_ref());
         let configured_max = r.max_concurrent();
-        let limits = r.limits(provider, resources.memory_mb, configured_max);
+        let limits = r.limits(provider.as_ref(), resources.memory_mb, configured_max);
         let max_concurrent = limits.max_concurrent;
-        let auth = r.auth(provider, insecure);
-        let docker = r.docker(provider);
-        let (sessions, session_problems) = session::read(env, provider);
+        let auth = r.auth(provider.as_ref(), insecure);
+        let (sessions, session_problems) = session::read(env, provider.as_ref());
         r.problems
             .extend(session_problems.into_iter().map(ConfigProblem::Session));
         let grants = grants::read(env).unwrap_or_else(|p| {
@@ -387,18 +314,18 @@ impl Config {
         Ok(Config {
             addr,
             metrics_addr,
+            addr_file,
             log_format,
             auth: auth.unwrap_or(AuthConfig::Open),
             insecure,
             insecure_set: !insecure_raw.is_empty(),
             tls,
             hardened,
-            provider: provider.unwrap_or(ProviderKind::Disabled),
+            provider: provider.unwrap_or_default(),
             min_isolation,
             resources,
             max_concurrent,
             limits,
-            docker,
             sessions,
             grants,
             unknown_vars: unknown_variables(env),
@@ -411,7 +338,7 @@ impl Config {
     pub fn warnings(&self, env: &dyn Strings) -> Vec<String> {
         let mut warnings = Vec::new();
         match &self.auth {
-            AuthConfig::Open if self.provider.is_real() => warnings.push(
+            AuthConfig::Open if self.provider.settings().runs_code() => warnings.push(
                 "PLIMSOLL_INSECURE=1: a real sandbox provider is serving without authentication"
                     .to_owned(),
             ),
@@ -443,18 +370,27 @@ impl Config {
 }
 
 /// Reads variables and collects problems; each method returns a usable placeholder on error
-/// so every other variable still gets checked.
-struct Reader<'a> {
-    env: &'a dyn Strings,
-    problems: Vec<ConfigProblem>,
+/// so every other variable still gets checked. A provider reads its own variables through it
+/// ([`ProviderSettings::read`](crate::provider::config::ProviderSettings::read)).
+pub struct Reader<'a> {
+    pub(crate) env: &'a dyn Strings,
+    pub(crate) problems: Vec<ConfigProblem>,
 }
 
-impl Reader<'_> {
-    fn raw(&self, name: &str) -> String {
+impl<'a> Reader<'a> {
+    /// A reader of `env` that has found no problem yet.
+    pub(crate) fn new(env: &'a dyn Strings) -> Reader<'a> {
+        Reader {
+            env,
+            problems: Vec::new(),
+        }
+    }
+
+    pub(crate) fn raw(&self, name: &str) -> String {
         self.env.get(name).unwrap_or_default()
     }
 
-    fn trimmed(&self, name: &str) -> String {
+    pub(crate) fn trimmed(&self, name: &str) -> String {
         self.raw(name).trim().to_owned()
     }
 
@@ -490,7 +426,7 @@ impl Reader<'_> {
         Some(self.host_port(ENV_METRICS_ADDR, value, DEFAULT_METRICS_ADDR))
     }
 
-    fn boolean(&mut self, var: &'static str) -> bool {
+    pub(crate) fn boolean(&mut self, var: &'static str) -> bool {
         let value = self.trimmed(var);
         value::parse_bool(&value).unwrap_or_else(|_| {
             self.problems.push(ConfigProblem::NotBoolean {
@@ -502,7 +438,7 @@ impl Reader<'_> {
     }
 
     /// A non-negative integer that fits `u32`; empty means `default`.
-    fn integer(&mut self, var: &'static str, default: u32) -> u32 {
+    pub(crate) fn integer(&mut self, var: &'static str, default: u32) -> u32 {
         let value = self.trimmed(var);
         if value.is_empty() {
             return default;
@@ -555,21 +491,33 @@ impl Reader<'_> {
         }
     }
 
-    /// `None` when the name is unknown (already reported).
-    fn provider(&mut self) -> Option<ProviderKind> {
+    /// The provider `SANDBOX_PROVIDER` names, with its own settings read; `None` when the
+    /// name is unknown (already reported).
+    fn provider(&mut self, shared: &SharedSettings) -> Option<ProviderConfig> {
         let value = self.trimmed(ENV_PROVIDER).to_lowercase();
-        if value.is_empty() {
-            return Some(ProviderKind::Disabled);
-        }
-        let found = ProviderKind::from_name(&value);
-        if found.is_none() {
-            let known: Vec<&str> = KNOWN_PROVIDERS.iter().map(|p| p.name()).collect();
+        let provider = if value.is_empty() {
+            ProviderConfig::default()
+        } else if let Some(known) = KnownProvider::find(&value) {
+            (known.read)(self, shared)
+        } else {
+            let known: Vec<&str> = KNOWN_PROVIDERS.iter().map(|p| p.name).collect();
             self.problems.push(ConfigProblem::UnknownProvider {
                 value: shown(&value),
                 known: known.join(", "),
             });
+            return None;
+        };
+        // A guest uid set for a provider whose guests run under none would promise an
+        // identity nothing enforces.
+        let uid = self.trimmed(ENV_GUEST_UID);
+        if !uid.is_empty() && !provider.settings().has_guest_uid() {
+            self.problems.push(ConfigProblem::ProviderSetting {
+                var: ENV_GUEST_UID,
+                value: shown(&uid),
+                reason: format!("the {provider} provider runs no guest under a host uid"),
+            });
         }
-        found
+        Some(provider)
     }
 
     fn floor(&mut self) -> Option<String> {
@@ -587,7 +535,7 @@ impl Reader<'_> {
         }
     }
 
-    fn resources(&mut self, provider: Option<ProviderKind>) -> Resources {
+    fn resources(&mut self, provider: Option<&ProviderConfig>) -> Resources {
         let memory_mb = self.integer(ENV_MEMORY_MB, 0);
         let cpus_text = self.trimmed(ENV_CPUS);
         let cpus = if cpus_text.is_empty() {
@@ -604,18 +552,18 @@ impl Reader<'_> {
         let pids = self.integer(ENV_PIDS, 0);
         let disk_mb = self.integer(ENV_DISK_MB, 0);
         if let Some(provider) = provider {
-            if pids > 0 && !provider.supports_pids() {
+            if pids > 0 && !provider.settings().enforces_pids() {
                 self.problems.push(ConfigProblem::UnsupportedByProvider {
                     var: ENV_PIDS,
                     value: pids,
-                    provider,
+                    provider: provider.name(),
                 });
             }
-            if disk_mb > 0 && !provider.supports_disk() {
+            if disk_mb > 0 && !provider.settings().enforces_disk() {
                 self.problems.push(ConfigProblem::UnsupportedByProvider {
                     var: ENV_DISK_MB,
                     value: disk_mb,
-                    provider,
+                    provider: provider.name(),
                 });
             }
         }
@@ -655,7 +603,7 @@ impl Reader<'_> {
 
     /// `None` when authentication was configured but is broken (already reported), so the
     /// open-mode rule does not pile a second, misleading problem on top.
-    fn auth(&mut self, provider: Option<ProviderKind>, insecure: bool) -> Option<AuthConfig> {
+    fn auth(&mut self, provider: Option<&ProviderConfig>, insecure: bool) -> Option<AuthConfig> {
         let path = self.trimmed(ENV_CLIENTS_FILE);
         if !path.is_empty() {
             let path = PathBuf::from(path);
@@ -687,7 +635,7 @@ impl Reader<'_> {
                 }
             };
         }
-        if provider.is_some_and(ProviderKind::is_real) && !insecure {
+        if provider.is_some_and(|p| p.settings().runs_code()) && !insecure {
             self.problems.push(ConfigProblem::OpenModeRefused);
             return None;
         }
@@ -696,7 +644,7 @@ impl Reader<'_> {
 }
 
 /// A value as quoted in an error: at most 64 characters, so a pasted blob cannot flood the log.
-fn shown(value: &str) -> String {
+pub(crate) fn shown(value: &str) -> String {
     const LIMIT: usize = 64;
     if value.chars().count() <= LIMIT {
         value.to_owned()

@@ -7,13 +7,13 @@
 
 use std::time::Duration;
 
-use super::ProviderKind;
 use super::duration::parse_duration;
 use super::env::{
     ENV_MAX_SESSIONS, ENV_MAX_SESSIONS_PER_CALLER, ENV_MAX_SESSIONS_PER_OWNER, ENV_SESSION_DISK_MB,
     ENV_SESSION_IDLE, ENV_SESSION_LIFETIME, Strings,
 };
 use super::value;
+use crate::provider::config::ProviderConfig;
 
 /// Default for `SANDBOX_SESSION_LIFETIME`.
 pub const DEFAULT_SESSION_LIFETIME: Duration = Duration::from_secs(30 * 60);
@@ -87,7 +87,7 @@ pub enum SessionConfigProblem {
     #[error(
         "SANDBOX_MAX_SESSIONS={value} but the {provider} provider keeps no sessions (sessions need the docker provider and its project image); unset it or set 0"
     )]
-    ProviderWithoutSessions { value: u32, provider: ProviderKind },
+    ProviderWithoutSessions { value: u32, provider: &'static str },
 }
 
 impl SessionConfigProblem {
@@ -104,7 +104,7 @@ impl SessionConfigProblem {
 /// every problem found.
 pub fn read(
     env: &dyn Strings,
-    provider: Option<ProviderKind>,
+    provider: Option<&ProviderConfig>,
 ) -> (SessionConfig, Vec<SessionConfigProblem>) {
     let mut problems = Vec::new();
     let d = SessionConfig::default();
@@ -137,11 +137,11 @@ pub fn read(
     let idle = duration(env, ENV_SESSION_IDLE, d.idle, true, &mut problems);
     if max_sessions > 0
         && let Some(provider) = provider
-        && provider != ProviderKind::Docker
+        && !provider.settings().keeps_sessions()
     {
         problems.push(SessionConfigProblem::ProviderWithoutSessions {
             value: max_sessions,
-            provider,
+            provider: provider.name(),
         });
     }
     (
@@ -199,18 +199,26 @@ mod tests {
 
     use super::*;
 
-    fn read_map(pairs: &[(&str, &str)], provider: ProviderKind) -> (SessionConfig, Vec<String>) {
+    fn docker() -> ProviderConfig {
+        ProviderConfig::Docker(Default::default())
+    }
+
+    fn wasm() -> ProviderConfig {
+        ProviderConfig::Wasm(Default::default())
+    }
+
+    fn read_map(pairs: &[(&str, &str)], provider: ProviderConfig) -> (SessionConfig, Vec<String>) {
         let env: HashMap<String, String> = pairs
             .iter()
             .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
             .collect();
-        let (config, problems) = read(&env, Some(provider));
+        let (config, problems) = read(&env, Some(&provider));
         (config, problems.iter().map(ToString::to_string).collect())
     }
 
     #[test]
     fn sessions_are_off_with_the_spec_defaults_when_nothing_is_set() {
-        let (c, problems) = read_map(&[], ProviderKind::Docker);
+        let (c, problems) = read_map(&[], docker());
         assert!(problems.is_empty());
         assert!(!c.enabled());
         assert_eq!(c, SessionConfig::default());
@@ -230,7 +238,7 @@ mod tests {
                 (ENV_SESSION_IDLE, "0"),
                 (ENV_SESSION_DISK_MB, "0"),
             ],
-            ProviderKind::Docker,
+            docker(),
         );
         assert!(problems.is_empty(), "{problems:?}");
         assert_eq!(
@@ -251,23 +259,23 @@ mod tests {
                 (ENV_SESSION_DISK_MB, "1048577"),
                 (ENV_MAX_SESSIONS_PER_OWNER, "x"),
             ],
-            ProviderKind::Docker,
+            docker(),
         );
         assert_eq!(problems.len(), 5, "{problems:?}");
         assert!(problems.iter().any(|p| p.contains("SANDBOX_SESSION_LIFETIME")
             && p.contains("between 1s and 12h")));
         assert!(problems.iter().any(|p| p.contains("SANDBOX_SESSION_IDLE")));
         assert!(problems.iter().any(|p| p.contains("1048576")));
-        let (_, long) = read_map(&[(ENV_SESSION_LIFETIME, "13h")], ProviderKind::Docker);
+        let (_, long) = read_map(&[(ENV_SESSION_LIFETIME, "13h")], docker());
         assert_eq!(long.len(), 1);
     }
 
     #[test]
     fn a_provider_without_sessions_refuses_a_session_cap() {
-        let (_, problems) = read_map(&[(ENV_MAX_SESSIONS, "2")], ProviderKind::Wasm);
+        let (_, problems) = read_map(&[(ENV_MAX_SESSIONS, "2")], wasm());
         assert_eq!(problems.len(), 1);
         assert!(problems[0].contains("keeps no sessions"), "{problems:?}");
-        let (_, none) = read_map(&[(ENV_MAX_SESSIONS, "0")], ProviderKind::Wasm);
+        let (_, none) = read_map(&[(ENV_MAX_SESSIONS, "0")], wasm());
         assert!(none.is_empty());
     }
 }

@@ -51,7 +51,7 @@ fn empty_environment_gives_the_documented_defaults() {
     assert!(!config.insecure && !config.insecure_set);
     assert_eq!(config.tls, None);
     assert!(!config.hardened);
-    assert_eq!(config.provider, ProviderKind::Disabled);
+    assert_eq!(config.provider, ProviderConfig::default());
     assert_eq!(config.min_isolation, None);
     assert_eq!(config.resources, Resources::default());
     assert_eq!(config.max_concurrent, 8);
@@ -70,7 +70,7 @@ fn empty_values_mean_the_default() {
     assert_eq!(config.addr, "127.0.0.1:8746");
     assert_eq!(config.metrics_addr.as_deref(), Some("127.0.0.1:9464"));
     assert_eq!(config.max_concurrent, 8);
-    assert_eq!(config.provider, ProviderKind::Disabled);
+    assert_eq!(config.provider, ProviderConfig::default());
 }
 
 // === listeners ===
@@ -299,10 +299,10 @@ fn hardened_is_a_strict_boolean() {
 #[test]
 fn provider_is_trimmed_and_lower_cased() {
     let config = ok(&[("SANDBOX_PROVIDER", " WASM "), ("PLIMSOLL_TOKEN", &token())]);
-    assert_eq!(config.provider, ProviderKind::Wasm);
+    assert_eq!(config.provider.name(), "wasm");
     assert_eq!(
         ok(&[("SANDBOX_PROVIDER", "Disabled")]).provider,
-        ProviderKind::Disabled
+        ProviderConfig::default()
     );
 }
 
@@ -310,16 +310,31 @@ fn provider_is_trimmed_and_lower_cased() {
 fn unknown_provider_is_fatal_and_lists_the_known_names() {
     let text = problem(&[("SANDBOX_PROVIDER", "e2b")]);
     assert!(text.contains("\"e2b\""), "{text}");
-    assert!(text.ends_with("known: disabled, wasm, docker"), "{text}");
+    assert!(
+        text.ends_with("known: disabled, wasm, docker, openshell"),
+        "{text}"
+    );
 }
 
 #[test]
-fn known_providers_round_trip_through_their_names() {
+fn known_providers_are_chosen_by_their_names() {
     for provider in KNOWN_PROVIDERS {
-        assert_eq!(ProviderKind::from_name(provider.name()), Some(*provider));
+        let mut pairs = vec![("SANDBOX_PROVIDER", provider.name)];
+        let token = token();
+        pairs.push(("PLIMSOLL_TOKEN", &token));
+        if provider.name == "openshell" {
+            // Its five settings have no default.
+            pairs.extend([
+                ("SANDBOX_OPENSHELL_GATEWAY_URL", "https://127.0.0.1:8443"),
+                ("SANDBOX_OPENSHELL_CA_FILE", "/c/ca.crt"),
+                ("SANDBOX_OPENSHELL_CERT_FILE", "/c/tls.crt"),
+                ("SANDBOX_OPENSHELL_KEY_FILE", "/c/tls.key"),
+                ("SANDBOX_OPENSHELL_IMAGE", "plimsoll/sandbox:latest"),
+            ]);
+        }
+        assert_eq!(ok(&pairs).provider.name(), provider.name);
     }
-    assert!(!ProviderKind::Disabled.is_real());
-    assert!(ProviderKind::Wasm.is_real());
+    assert!(!ProviderConfig::default().settings().runs_code());
 }
 
 #[test]

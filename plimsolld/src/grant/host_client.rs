@@ -3,13 +3,17 @@
 //!
 //! One template (`host_client.js`) serves every guest; only the transport differs:
 //! - [`node`]: `node:http` over the Unix socket named by `HOST_API_SOCKET` (docker
-//!   snippets, prepended; docker projects, as the plan's `hostSDK`);
+//!   snippets, prepended; docker projects, as the plan's `hostSDK`; openshell's relay);
+//! - [`node_guard`]: `fetch` to the guard URL, one `POST` of the envelope per call, never
+//!   following a redirect (e2b, dockercloud: a granted snippet gets it prepended, a project
+//!   step through `NODE_OPTIONS=--import`);
 //! - [`quickjs`]: the wasm guest's synchronous `__coderunner_host_call`.
 //!
 //! The library carries a copy of the allow list for an early, advisory refusal. It is not
 //! a boundary: the broker checks every call again, and the guest may rewrite all of this.
 
 use super::GuestGrant;
+use guard::token;
 
 /// The template; `__GLOBAL__`, `__ALLOW__` and `__TRANSPORT__` are filled in.
 const TEMPLATE: &str = include_str!("host_client.js");
@@ -47,9 +51,56 @@ const QUICKJS_TRANSPORT: &str = r#"((relay) => async (method, path, body) => {
     return relay(JSON.stringify(envelope));
   })(globalThis.__coderunner_host_call)"#;
 
+/// The guard transport (grants.md §4): the envelope posted as JSON to the guard URL,
+/// `redirect: "error"` so no answer can send it (or its header) elsewhere; the status and
+/// text come back. `__GUARD_URL__` and `__HEADERS__` are filled in as JSON.
+const GUARD_TRANSPORT: &str = r#"async (method, path, body) => {
+    const envelope = { method, path };
+    if (body !== undefined) envelope.body = body;
+    const res = await fetch(__GUARD_URL__, {
+      method: "POST",
+      redirect: "error",
+      headers: __HEADERS__,
+      body: JSON.stringify(envelope),
+    });
+    return { status: res.status, body: await res.text() };
+  }"#;
+
+/// Who adds a guard call's `X-Plimsoll-Guard` header.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TokenPlacement {
+    /// The vendor's egress proxy, from a network rule outside the VM (E2B): the library
+    /// carries no token and the guest never sees one.
+    Proxy,
+    /// The guest's client (Docker Cloud, whose proxy cannot add headers): the library
+    /// carries the run's token. It works only at the guard, only for this run's grant, and
+    /// dies with the run.
+    Guest,
+}
+
 /// The library for a Node guest (docker snippets and projects).
 pub fn node(grant: &GuestGrant) -> String {
     render(grant, NODE_TRANSPORT)
+}
+
+/// The library for a Node guest that reaches its grant through the guard at `guard_url`
+/// (e2b, dockercloud). With [`TokenPlacement::Guest`] the grant's guard token goes in each
+/// call's `X-Plimsoll-Guard` header; with [`TokenPlacement::Proxy`] no token is in the
+/// library at all.
+pub fn node_guard(grant: &GuestGrant, guard_url: &str, placement: TokenPlacement) -> String {
+    let mut headers = serde_json::Map::new();
+    headers.insert("content-type".into(), "application/json".into());
+    if placement == TokenPlacement::Guest
+        && let Some(token) = grant.access.guard_token()
+    {
+        headers.insert(token::HEADER.into(), token.expose().into());
+    }
+    let url = serde_json::to_string(guard_url).unwrap_or_else(|_| "\"\"".to_owned());
+    let headers = serde_json::Value::Object(headers).to_string();
+    let transport = GUARD_TRANSPORT
+        .replace("__GUARD_URL__", &url)
+        .replace("__HEADERS__", &headers);
+    render(grant, &transport)
 }
 
 /// The library for the wasm guest (QuickJS).
@@ -81,22 +132,39 @@ fn render(grant: &GuestGrant, transport: &str) -> String {
 }
 
 #[cfg(test)]
+#[allow(clippy::unwrap_used)]
 mod tests {
     use std::path::PathBuf;
 
     use super::*;
-    use crate::grant::Route;
+    use crate::grant::{GuardToken, GuestAccess, Route};
 
     fn grant() -> GuestGrant {
-        GuestGrant {
-            socket: PathBuf::from("/tmp/x/host-api.sock"),
-            global: "inv\"entory".to_owned(),
-            allow: vec![Route {
+        GuestGrant::new(
+            GuestAccess::Socket(PathBuf::from("/tmp/x/host-api.sock")),
+            "inv\"entory".to_owned(),
+            vec![Route {
                 m: "GET".to_owned(),
                 p: "/items/*".to_owned(),
             }],
-            preamble: "globalThis.extra = 1;".to_owned(),
-        }
+            "globalThis.extra = 1;".to_owned(),
+        )
+    }
+
+    #[test]
+    fn the_guard_library_carries_the_token_only_when_the_guest_must_hold_it() {
+        let (token, _) = GuardToken::mint();
+        let mut g = grant();
+        g.access = GuestAccess::Guard(token.clone());
+        let url = "https://guard.example.com/v1/dockercloud/guard";
+        let held = node_guard(&g, url, TokenPlacement::Guest);
+        assert!(held.contains(&format!(r#""x-plimsoll-guard":"{}""#, token.expose())));
+        assert!(held.contains(r#"fetch("https://guard.example.com/v1/dockercloud/guard""#));
+        assert!(held.contains(r#"redirect: "error""#) && !held.contains("node:http"));
+        let injected = node_guard(&g, url, TokenPlacement::Proxy);
+        assert!(!injected.contains(token.expose()) && !injected.contains("x-plimsoll-guard"));
+        assert!(injected.contains(r#"{"content-type":"application/json"}"#));
+        assert!(!injected.contains("__"), "every placeholder is filled");
     }
 
     #[test]

@@ -1,12 +1,13 @@
-//! Grants in sessions (grants.md §1.5, §3; providers.md §9.3).
+//! Grants in sessions (grants.md §1.5, §3, §5.4; providers.md §9.3).
 //!
-//! A running container cannot gain a mount, so a session gets one broker socket at open, a
-//! [`SessionSlot`], mounted for the session's whole life. The broker answers 503 on it except
-//! while a call has lent it a grant ([`Grants::lend`]); the grant is closed when the call's
-//! code has ended, before the answer, so code a call leaves behind never holds a later
-//! call's grant. Only profiles with `allow_in_sessions` may be lent (the broker checks).
+//! A running sandbox cannot gain a mount (nor, on a hosted VM, a new egress rule), so a
+//! session gets one slot at open, a [`SessionSlot`], for its whole life, reached the way the
+//! provider delivers grants: a broker socket mounted into the sandbox, or a guard token. The
+//! slot serves nothing (503 on the socket, 401 at the guard) except while a call has lent
+//! it a grant ([`Grants::lend`]); the grant is closed when the call's code has ended, before
+//! the answer, so code a call leaves behind never holds a later call's grant. Only profiles
+//! with `allow_in_sessions` may be lent (the broker checks).
 
-use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering;
 use std::time::SystemTime;
 
@@ -14,31 +15,40 @@ use broker::control::client::Client;
 use broker::control::protocol::OpenSession;
 use plimsoll::refusal::Refusal;
 
-use super::{Grants, OpenGrant, unix_ms};
+use super::{Delivery, Grants, GuestAccess, OpenGrant, retry_close, unix_ms};
 use crate::auth::Principal;
 
-/// A session's broker socket. Close it once the sandbox is gone; dropping it closes it in
-/// the background (and the broker removes it 5 s past the session's end on its own).
+/// A session's slot at the broker. Close it once the sandbox is gone; dropping it closes it
+/// in the background (and the broker removes it 5 s past the session's end on its own).
 pub struct SessionSlot {
     id: String,
     client: Client,
-    socket: PathBuf,
+    access: GuestAccess,
+    delivery: Delivery,
     closed: bool,
 }
 
 // === impl SessionSlot ===
 
 impl SessionSlot {
-    /// The socket on the host, to mount at the guest's host-api path.
-    pub fn socket(&self) -> &Path {
-        &self.socket
+    /// Where the session's guest reaches the grants its calls lend: the socket to mount at
+    /// the guest's host-api path, or the session's guard token.
+    pub fn access(&self) -> &GuestAccess {
+        &self.access
     }
 
-    /// Removes the socket (a grant still lent is closed with it).
+    /// The slot id the broker knows it by (never the session id a caller sees).
+    pub(super) fn id(&self) -> &str {
+        &self.id
+    }
+
+    /// Removes the socket or kills the token (a grant still lent is closed with it); a close
+    /// that fails is retried in the background.
     pub async fn close(mut self) {
         self.closed = true;
         if let Err(e) = self.client.close_session(&self.id).await {
-            tracing::warn!(error = %e, "could not close a session's host socket; the broker removes it at the session's end");
+            tracing::warn!(error = %e, "could not close a session's grant slot; trying again");
+            close_later(self.client.clone(), std::mem::take(&mut self.id));
         }
     }
 }
@@ -48,73 +58,100 @@ impl Drop for SessionSlot {
         if self.closed {
             return;
         }
-        if let Ok(handle) = tokio::runtime::Handle::try_current() {
-            let client = self.client.clone();
-            let id = std::mem::take(&mut self.id);
-            handle.spawn(async move {
-                if let Err(e) = client.close_session(&id).await {
-                    tracing::warn!(error = %e, "could not close a session's host socket");
-                }
-            });
-        }
+        close_later(self.client.clone(), std::mem::take(&mut self.id));
     }
+}
+
+/// Closes session slot `id` in the background (see [`retry_close`]).
+fn close_later(client: Client, id: String) {
+    retry_close("a session's host socket".to_owned(), move || {
+        let (client, id) = (client.clone(), id.clone());
+        async move { client.close_session(&id).await }
+    });
 }
 
 // === impl Grants ===
 
 impl Grants {
-    /// Opens a session's socket until `deadline`. `None` when grants are off, or when the
-    /// broker is down or refuses (logged): that session's granted calls are then refused.
-    pub async fn open_session_slot(&self, deadline: SystemTime) -> Option<SessionSlot> {
+    /// Opens a session's slot until `deadline`, reached the way the provider delivers grants.
+    /// `None` when grants are off, or when the broker is down or refuses (logged): that
+    /// session's granted calls are then refused.
+    pub async fn open_session_slot(
+        &self,
+        deadline: SystemTime,
+        delivery: Delivery,
+    ) -> Option<SessionSlot> {
         let live = self.live.as_ref()?;
         if !live.up.load(Ordering::Relaxed) {
-            tracing::warn!("session opened without a host socket: the grant broker is down");
+            tracing::warn!("session opened without a grant slot: the grant broker is down");
             return None;
         }
         let id = hex::encode(rand::random::<[u8; 16]>());
         let request = OpenSession {
             session: id.clone(),
             deadline_unix_ms: unix_ms(deadline),
+            delivery,
         };
         match live.client.open_session(&request).await {
-            Ok(Ok(opened)) => Some(SessionSlot {
-                id,
-                client: live.client.clone(),
-                socket: opened.socket,
-                closed: false,
-            }),
+            Ok(Ok(opened)) => {
+                let slot = GuestAccess::from_reach(opened.reach).map(|access| SessionSlot {
+                    id,
+                    client: live.client.clone(),
+                    access,
+                    delivery,
+                    closed: false,
+                });
+                if slot.is_none() {
+                    tracing::warn!(
+                        "session opened without a grant slot: the broker's answer named none"
+                    );
+                }
+                slot
+            }
             Ok(Err(refused)) => {
-                tracing::warn!(reason = %refused.message, "session opened without a host socket: the broker refused one");
+                tracing::warn!(reason = %refused.message, "session opened without a grant slot: the broker refused one");
                 None
             }
+            // This session's loss only (the health check judges the broker); the broker
+            // may have opened the socket before the channel failed, so it is closed by id.
             Err(e) => {
-                live.mark_down(&e.to_string());
+                tracing::warn!(error = %e, "session opened without a grant slot: the broker did not answer");
+                close_later(live.client.clone(), id);
                 None
             }
         }
     }
 
-    /// Lends `profile`'s grant to the session's socket for one call until `deadline`. The
-    /// broker refuses a profile without `allow_in_sessions` (`permission`). Nothing has run
-    /// on any refusal.
+    /// Lends `profile`'s grant to the session's slot for one call until `deadline`;
+    /// `kept_from_earlier_calls` processes of earlier calls share the sandbox (held stopped),
+    /// which the broker's audit line states. The broker refuses a profile without
+    /// `allow_in_sessions` (`permission`). Nothing has run on any refusal.
     pub async fn lend(
         &self,
         slot: Option<&SessionSlot>,
         profile: &str,
         principal: &Principal,
         deadline: SystemTime,
+        kept_from_earlier_calls: u32,
     ) -> Result<OpenGrant, Refusal> {
         match slot {
             Some(slot) => {
-                self.open_as(profile, principal, deadline, Some(&slot.id))
-                    .await
+                self.open_as(
+                    profile,
+                    principal,
+                    deadline,
+                    slot.delivery,
+                    Some(slot),
+                    kept_from_earlier_calls,
+                )
+                .await
             }
             // Grants off (or an anonymous caller) still get the unknown-profile answer.
             None if self.live.is_none() || principal.id.is_none() => {
                 Err(super::unavailable(profile))
             }
             None => Err(Refusal::PermissionDenied(format!(
-                "grant_profile {profile:?} cannot be lent: this session was opened while the grant broker was unavailable, so it has no host socket; open a new session; nothing ran"
+                "grant_profile {profile:?} cannot be lent: this session was opened while the grant broker was unavailable, so it has no grant slot; open a new session; nothing ran"
             ))),
         }
     }

@@ -1,16 +1,22 @@
 //! The development grant path: plimsolld starts the `broker` binary that sits next to its
-//! own executable and keeps it running.
+//! own executable and keeps it running, and, when `PLIMSOLL_GUARD_ADDR` is set, the `guard`
+//! binary beside it.
 //!
 //! This is weaker than an operator-run broker, and documented as such: the child inherits
 //! plimsolld's whole environment, so the secrets its profiles name pass through the
 //! daemon's environment (where an engine escape from the in-process wasm tier would find
 //! them). Production runs the broker on its own, under its own uid, and points plimsolld at
-//! it with `PLIMSOLL_BROKER_SOCKET`.
+//! it with `PLIMSOLL_BROKER_SOCKET`; it runs the guard on its own too, under a third uid, so
+//! the one process that faces the network shares nothing with the daemon.
 //!
-//! The control socket lives in a fresh directory of mode 0700, so only plimsolld's uid can
-//! reach it. A child that dies is restarted with backoff (1 s doubling to 30 s, reset once
-//! a child has lived a minute); meanwhile the grant handle refuses granted runs.
+//! The control socket (and the broker's guard socket) live in a fresh directory of mode 0700,
+//! so only plimsolld's uid can reach them. A child that dies is restarted with backoff (1 s
+//! doubling to 30 s, reset once a child has lived a minute); meanwhile the grant handle
+//! refuses granted runs (a dead broker) or the guard's port refuses connections (a dead
+//! guard, restarted on the port it had, and finding every token where it was: they live in
+//! the broker).
 
+use std::ffi::OsString;
 use std::os::unix::fs::DirBuilderExt;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
@@ -26,6 +32,16 @@ use super::{GrantError, Live};
 
 /// The broker binary's file name, next to plimsolld's.
 const BINARY: &str = "broker";
+/// The guard binary's file name, next to plimsolld's.
+const GUARD_BINARY: &str = "guard";
+/// The broker's control socket in the private directory.
+const CONTROL_SOCKET: &str = "control.sock";
+/// The broker's guard socket in the private directory.
+const GUARD_SOCKET: &str = "guard.sock";
+/// The file the guard child writes its bound address to.
+const GUARD_ADDR_FILE: &str = "guard.addr";
+/// How long the guard child may take to listen.
+const GUARD_START_WAIT: Duration = Duration::from_secs(20);
 /// The private directories' name prefix, under the temp directory.
 const DIR_PREFIX: &str = "plimsoll-broker-";
 /// The file in a private directory that holds the owning plimsolld's pid.
@@ -41,10 +57,34 @@ const END_GRACE: Duration = Duration::from_secs(3);
 /// A child that lived this long resets the backoff.
 const HEALTHY_LIFE: Duration = Duration::from_secs(60);
 
-/// The supervised child. Dropping it stops the child.
+/// What plimsolld tells a guard it supervises: the settings of config.md it shares with the
+/// guard binary. The rest (TLS, hardened mode, the log format) the child inherits.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GuardChild {
+    /// `PLIMSOLL_GUARD_ADDR`.
+    pub addr: String,
+    /// The daemon's run cap after the memory clamp: the guard decodes twice as many bodies.
+    pub max_concurrent: u32,
+}
+
+/// How a child is started, at first and at each restart.
+struct Launch {
+    binary: PathBuf,
+    /// The binary's name, for log lines.
+    name: &'static str,
+    /// Variables set on top of what the child inherits, computed at each start.
+    env: Box<dyn Fn() -> Vec<(&'static str, OsString)> + Send + Sync>,
+    /// Files a dead child may have left that the next one must not find (its sockets).
+    stale: Vec<PathBuf>,
+}
+
+/// A supervised child. Dropping it stops the child.
 pub(super) struct Supervisor {
-    dir: PathBuf,
+    /// The private directory, for the broker's supervisor (which removes it).
+    dir: Option<PathBuf>,
     socket: PathBuf,
+    /// The guard child's bound address, once it listened.
+    bound: Arc<Mutex<Option<String>>>,
     shared: Arc<Shared>,
     task: Mutex<Option<tokio::task::JoinHandle<()>>>,
 }
@@ -62,8 +102,13 @@ struct Shared {
 // === impl Supervisor ===
 
 impl Supervisor {
-    /// Makes the private directory and starts the first child.
-    pub(super) fn start() -> Result<Supervisor, GrantError> {
+    /// Makes the private directory and starts the first broker child, telling it the uid
+    /// docker guests run as (`guest_uid`; the broker's default when `None`); with `guard`,
+    /// the broker also serves its guard socket there.
+    pub(super) fn start_broker(
+        guest_uid: Option<u32>,
+        guard: bool,
+    ) -> Result<Supervisor, GrantError> {
         let binary = std::env::current_exe()
             .map_err(GrantError::BrokerBinary)?
             .with_file_name(BINARY);
@@ -82,9 +127,89 @@ impl Supervisor {
             })?;
         // Names the owner, so another daemon's sweep leaves a live daemon's directory alone.
         let _ = std::fs::write(dir.join(OWNER_FILE), std::process::id().to_string());
-        let socket = dir.join("control.sock");
-        let first = spawn(&binary, &socket).map_err(|source| GrantError::Spawn {
-            binary: binary.clone(),
+        let socket = dir.join(CONTROL_SOCKET);
+        let guard_socket = dir.join(GUARD_SOCKET);
+        let (control, guarded) = (socket.clone(), guard_socket.clone());
+        let launch = Launch {
+            binary,
+            name: BINARY,
+            env: Box::new(move || {
+                let mut env = vec![(broker::env::BROKER_SOCKET, control.clone().into())];
+                if guard {
+                    env.push((broker::env::BROKER_GUARD_SOCKET, guarded.clone().into()));
+                }
+                // The one peer besides root and its own uid its guest sockets answer.
+                if let Some(uid) = guest_uid {
+                    env.push((broker::env::BROKER_GUEST_UID, uid.to_string().into()));
+                }
+                env
+            }),
+            stale: vec![socket.clone(), guard_socket],
+        };
+        Supervisor::launch(launch, Some(dir), socket, Arc::default())
+    }
+
+    /// Starts the guard child beside this broker child, on the broker's guard socket, and
+    /// waits until it listens. A restarted guard binds the address the first one bound.
+    pub(super) async fn start_guard(
+        &self,
+        settings: &GuardChild,
+    ) -> Result<Supervisor, GrantError> {
+        let dir = self.dir.clone().unwrap_or_else(std::env::temp_dir);
+        let binary = std::env::current_exe()
+            .map_err(GrantError::BrokerBinary)?
+            .with_file_name(GUARD_BINARY);
+        let addr_file = dir.join(GUARD_ADDR_FILE);
+        let bound: Arc<Mutex<Option<String>>> = Arc::default();
+        let (first, known, file) = (settings.addr.clone(), bound.clone(), addr_file.clone());
+        let (socket, max) = (dir.join(GUARD_SOCKET), settings.max_concurrent);
+        let launch = Launch {
+            binary,
+            name: GUARD_BINARY,
+            env: Box::new(move || {
+                let addr = lock(&known).clone().unwrap_or_else(|| first.clone());
+                vec![
+                    (guard::env::GUARD_ADDR, addr.into()),
+                    (guard::env::GUARD_ADDR_FILE, file.clone().into()),
+                    (guard::env::BROKER_GUARD_SOCKET, socket.clone().into()),
+                    (guard::env::MAX_CONCURRENT, max.to_string().into()),
+                ]
+            }),
+            stale: vec![addr_file.clone()],
+        };
+        let child = Supervisor::launch(launch, None, dir.join(GUARD_SOCKET), bound)?;
+        let started = Instant::now();
+        loop {
+            if let Ok(text) = std::fs::read_to_string(&addr_file)
+                && let Some(addr) = text.strip_suffix('\n')
+            {
+                *lock(&child.bound) = Some(addr.to_owned());
+                return Ok(child);
+            }
+            if let Some(status) = child.exited() {
+                child.stop();
+                return Err(GrantError::Guard(format!(
+                    "it exited ({status}); see its log line above"
+                )));
+            }
+            if started.elapsed() >= GUARD_START_WAIT {
+                child.stop();
+                return Err(GrantError::Guard(format!(
+                    "it did not listen within {GUARD_START_WAIT:?}"
+                )));
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    fn launch(
+        launch: Launch,
+        dir: Option<PathBuf>,
+        socket: PathBuf,
+        bound: Arc<Mutex<Option<String>>>,
+    ) -> Result<Supervisor, GrantError> {
+        let first = spawn(&launch).map_err(|source| GrantError::Spawn {
+            binary: launch.binary.clone(),
             source,
         })?;
         let shared = Arc::new(Shared {
@@ -93,13 +218,19 @@ impl Supervisor {
             stopping: AtomicBool::new(false),
             live: Mutex::new(Weak::new()),
         });
-        let task = tokio::spawn(keep(first, binary, socket.clone(), shared.clone()));
+        let task = tokio::spawn(keep(first, launch, shared.clone()));
         Ok(Supervisor {
             dir,
             socket,
+            bound,
             shared,
             task: Mutex::new(Some(task)),
         })
+    }
+
+    /// The guard child's bound address, once it listened.
+    pub(super) fn guard_addr(&self) -> Option<String> {
+        lock(&self.bound).clone()
     }
 
     /// Where the child listens.
@@ -133,7 +264,9 @@ impl Supervisor {
         }
         // A stored permit: the task sees it even if it is not waiting at this moment.
         self.shared.stop.notify_one();
-        let _ = std::fs::remove_dir_all(&self.dir);
+        if let Some(dir) = &self.dir {
+            let _ = std::fs::remove_dir_all(dir);
+        }
     }
 }
 
@@ -179,19 +312,21 @@ fn sweep_stale(tmp: &Path) {
             .and_then(|p| p.trim().parse::<i32>().ok())
             .is_some_and(|pid| kill(Pid::from_raw(pid), None).is_ok());
         if !owner_alive
-            && std::os::unix::net::UnixStream::connect(path.join("control.sock")).is_err()
+            && std::os::unix::net::UnixStream::connect(path.join(CONTROL_SOCKET)).is_err()
         {
             let _ = std::fs::remove_dir_all(&path);
         }
     }
 }
 
-fn spawn(binary: &Path, socket: &Path) -> std::io::Result<Child> {
+fn spawn(launch: &Launch) -> std::io::Result<Child> {
     // Stale from a dead child: the new one must be able to bind.
-    let _ = std::fs::remove_file(socket);
-    let mut command = Command::new(binary);
+    for path in &launch.stale {
+        let _ = std::fs::remove_file(path);
+    }
+    let mut command = Command::new(&launch.binary);
     command
-        .env(broker::env::BROKER_SOCKET, socket)
+        .envs((launch.env)())
         .stdin(Stdio::null())
         .kill_on_drop(true);
     die_with_parent(&mut command);
@@ -224,7 +359,7 @@ fn die_with_parent(command: &mut Command) {
 }
 
 /// Waits on the child and restarts it with backoff until [`Supervisor::stop`].
-async fn keep(mut child: Child, binary: PathBuf, socket: PathBuf, shared: Arc<Shared>) {
+async fn keep(mut child: Child, launch: Launch, shared: Arc<Shared>) {
     let mut backoff = FIRST_BACKOFF;
     loop {
         let born = Instant::now();
@@ -249,9 +384,10 @@ async fn keep(mut child: Child, binary: PathBuf, socket: PathBuf, shared: Arc<Sh
             backoff = FIRST_BACKOFF;
         }
         tracing::warn!(
+            child = launch.name,
             status = %status,
             restart_in_ms = backoff.as_millis() as u64,
-            "broker child exited; restarting it"
+            "supervised child exited; restarting it"
         );
         child = loop {
             tokio::select! {
@@ -262,10 +398,10 @@ async fn keep(mut child: Child, binary: PathBuf, socket: PathBuf, shared: Arc<Sh
             if shared.stopping.load(Ordering::SeqCst) {
                 return;
             }
-            match spawn(&binary, &socket) {
+            match spawn(&launch) {
                 Ok(c) => break c,
                 Err(e) => {
-                    tracing::error!(binary = %binary.display(), error = %e, "cannot restart the broker child")
+                    tracing::error!(binary = %launch.binary.display(), error = %e, "cannot restart a supervised child")
                 }
             }
         };
@@ -278,7 +414,8 @@ async fn keep(mut child: Child, binary: PathBuf, socket: PathBuf, shared: Arc<Sh
 }
 
 /// Ends the child: SIGTERM first, so the broker revokes its open runs and removes their
-/// sockets, SIGKILL if it has not exited within [`END_GRACE`]. Only the supervising task
+/// sockets (and the guard finishes its requests in flight), SIGKILL if it has not exited
+/// within [`END_GRACE`]. Only the supervising task
 /// calls this, before it has reaped the child, so the pid is still the child's own.
 async fn end(child: &mut Child) {
     if let Some(pid) = child.id().and_then(|p| i32::try_from(p).ok()) {

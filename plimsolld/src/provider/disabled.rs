@@ -4,18 +4,53 @@
 //! (`failed_precondition`, reason `unsupported`), and it never falls back to
 //! running code another way.
 
+use std::sync::Arc;
+
 use async_trait::async_trait;
+use plimsoll::payload::PayloadKind;
 use plimsoll::refusal::Refusal;
 use plimsoll::tier::IsolationTier;
-use plimsoll::validate::PayloadKind;
 
+use super::config::{ProviderSettings, SharedSettings};
 use super::{Description, Provider, ProviderError, SnippetOutcome, SnippetRun, TierEvidence};
+use crate::config::{Config, Reader};
 
 /// The provider id `Describe` and records name.
 pub const ID: &str = "disabled";
 
 const REFUSAL: &str = "no sandbox provider is configured (SANDBOX_PROVIDER is unset or disabled); \
                        this daemon runs nothing";
+
+/// The disabled provider's settings: it has none.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct DisabledConfig;
+
+impl ProviderSettings for DisabledConfig {
+    fn read(_r: &mut Reader<'_>, _shared: &SharedSettings) -> DisabledConfig {
+        DisabledConfig
+    }
+
+    fn runs_code(&self) -> bool {
+        false
+    }
+
+    fn highest_tier(&self) -> IsolationTier {
+        IsolationTier::None
+    }
+
+    // Nothing runs, so every limit holds.
+    fn enforces_pids(&self) -> bool {
+        true
+    }
+
+    fn enforces_disk(&self) -> bool {
+        true
+    }
+
+    fn build(&self, _config: &Config) -> Result<Arc<dyn Provider>, ProviderError> {
+        Ok(Arc::new(Disabled::new()))
+    }
+}
 
 /// The provider that refuses everything.
 #[derive(Debug, Default)]
@@ -52,10 +87,6 @@ impl Provider for Disabled {
             sandbox: ID,
             ..Description::default()
         }
-    }
-
-    fn default_timeout_ms(&self) -> u32 {
-        0
     }
 
     fn unsupported(&self, _kind: PayloadKind) -> Refusal {

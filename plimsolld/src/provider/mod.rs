@@ -10,25 +10,31 @@
 //! 2. [`Provider::prove`] — the startup proof: a real run through exactly the
 //!    run path; the daemon refuses to start if it fails;
 //! 3. [`Provider::describe`], [`Provider::current_tier`], [`Provider::ready`]
-//!    and the `run_*` methods while serving;
+//!    and the `run_*` methods while serving, and [`Provider::sweep_orphans`] from the
+//!    daemon's background loop;
 //! 4. [`Provider::drain`] on shutdown.
+//!
+//! Before a provider exists, its settings ([`config::ProviderConfig`]) say what it is: how its
+//! variables are read, which tier it could reach, its hardened-mode rules and how it is built.
 
+pub mod config;
 pub mod disabled;
 #[cfg(feature = "docker")]
 pub mod docker;
+#[cfg(feature = "openshell")]
+pub mod openshell;
 pub mod session;
 #[cfg(feature = "wasm")]
 pub mod wasm;
 
 use std::time::Duration;
 
+use crate::grant::Delivery;
 use async_trait::async_trait;
+use plimsoll::payload::PayloadKind;
 use plimsoll::refusal::Refusal;
 use plimsoll::tier::IsolationTier;
-use plimsoll::validate::PayloadKind;
-use plimsoll::wire::{ProjectFile, ProjectResult};
-
-use crate::config::{Config, ProviderKind};
+use plimsoll::wire::{ModuleResult, ModuleRow, ProjectFile, ProjectResult};
 
 /// The evidence behind a tier: what was checked to paint it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -39,17 +45,33 @@ pub struct TierEvidence {
     pub detail: String,
 }
 
-/// What one payload kind runs on, as `Describe` states it.
+/// What one payload kind runs on, as `Describe` states it, and the timeouts it allows.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Environment {
     /// The content-addressed outer artifact (never a tag), or "".
     pub identity: String,
+    /// The timeout a run of this kind gets when the request states none, in ms.
+    pub default_timeout_ms: u32,
     /// The provider's ceiling on a run's timeout, in ms; 0 = unsupported.
     pub max_timeout_ms: u32,
     /// The selected executable manifest and platform, or "".
     pub software_identity: String,
     /// The languages proven at startup.
     pub languages: Vec<String>,
+}
+
+impl Environment {
+    /// The timeout a run of this kind gets for the request's `timeout_ms`: the default for
+    /// zero or a negative value, otherwise the request clamped to the ceiling and to the
+    /// daemon's hard ceiling (wire.md §6).
+    pub fn timeout(&self, requested_ms: i32) -> Duration {
+        let ms = plimsoll::validate::effective_timeout_ms(
+            requested_ms,
+            self.default_timeout_ms,
+            self.max_timeout_ms,
+        );
+        Duration::from_millis(u64::from(ms))
+    }
 }
 
 pub use crate::config::Resources;
@@ -85,6 +107,28 @@ pub struct Description {
     pub resources: Resources,
     /// The verified sandbox-policy digest, or "".
     pub policy: String,
+}
+
+impl Description {
+    /// Where a payload of `kind` runs (a cell runs in a session).
+    pub fn environment(&self, kind: PayloadKind) -> &Environment {
+        match kind {
+            PayloadKind::Javascript => &self.javascript,
+            PayloadKind::Project => &self.project,
+            PayloadKind::Module => &self.module,
+            PayloadKind::Cell => &self.session,
+        }
+    }
+
+    /// Whether a payload of `kind` may name a grant here: a credential-safe path exists for
+    /// it (never for modules and cells).
+    pub fn supports_grants(&self, kind: PayloadKind) -> bool {
+        match kind {
+            PayloadKind::Javascript => self.supports_javascript_grants,
+            PayloadKind::Project => self.supports_project_grants,
+            PayloadKind::Module | PayloadKind::Cell => false,
+        }
+    }
 }
 
 /// A run's admission slot, handed to the provider with the run.
@@ -201,6 +245,44 @@ pub struct ProjectReport {
     pub instance: String,
 }
 
+/// The cause of an infrastructure failure, kept typed (a `DockerError`, a `WasmError`, …) so
+/// the log can name it and a caller can inspect it.
+pub type Cause = Box<dyn std::error::Error + Send + Sync + 'static>;
+
+/// One module run: a model from the provider's module environment, stepped from 0 to
+/// `end_time` once per parameter row (wire.md §6.5, providers.md §8).
+#[derive(Debug)]
+pub struct ModulePlan {
+    /// The model id, already validated (`[A-Za-z0-9][A-Za-z0-9._-]{0,63}`).
+    pub model: String,
+    /// The parameter rows, already validated: 1–100 000 rows of one width (1–64), every value
+    /// finite, and the wire's worst-case result size within 8 MiB.
+    pub rows: Vec<ModuleRow>,
+    /// Where each row's run ends (finite, above 0).
+    pub end_time: f64,
+    /// The communication step (finite, above 0, `end_time / step` ≤ 1 000 000).
+    pub step: f64,
+    /// The effective timeout of the whole run (defaulted and clamped).
+    pub timeout: Duration,
+    /// The admission slot: keep it until the sandbox is gone.
+    pub hold: Hold,
+}
+
+/// What a module run produced: a typed outcome, never an error, once the sandbox started.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct ModuleReport {
+    /// The result as it goes on the wire (runs, width, outcome, detail, output).
+    pub result: ModuleResult,
+    /// The provider's own measure of the run.
+    pub duration: Duration,
+    /// The outer artifact actually selected (the record's `environment`).
+    pub environment: String,
+    /// The selected executable manifest, or "".
+    pub software_identity: String,
+    /// The sandbox instance that ran it, as a typed reference, or "".
+    pub instance: String,
+}
+
 /// Why a provider could not do what was asked.
 #[derive(Debug, thiserror::Error)]
 pub enum ProviderError {
@@ -210,8 +292,15 @@ pub enum ProviderError {
     Refused(#[from] Refusal),
     /// Something failed after the run may have started: the caller gets an
     /// unmarked `internal` error and the detail goes only to the log.
-    #[error("{0}")]
-    Infrastructure(String),
+    #[error(transparent)]
+    Infrastructure(Cause),
+}
+
+impl ProviderError {
+    /// An infrastructure failure caused by `cause` (a typed error, or a sentence).
+    pub fn infrastructure(cause: impl Into<Cause>) -> ProviderError {
+        ProviderError::Infrastructure(cause.into())
+    }
 }
 
 /// A sandbox provider. See the module docs for the order of calls.
@@ -234,9 +323,11 @@ pub trait Provider: Send + Sync + 'static {
     /// What `Describe` states about this provider.
     fn describe(&self) -> Description;
 
-    /// The timeout a snippet gets when the request states none, in ms.
-    fn default_timeout_ms(&self) -> u32 {
-        30_000
+    /// How this provider's guests reach a grant (grants.md §3): a Unix socket by default
+    /// (mounted, relayed or called from the host); a provider whose sandboxes can only
+    /// reach the network (e2b, dockercloud) answers [`Delivery::Guard`].
+    fn grant_delivery(&self) -> Delivery {
+        Delivery::Socket
     }
 
     /// The refusal for a payload kind this provider cannot run.
@@ -251,11 +342,6 @@ pub trait Provider: Send + Sync + 'static {
     /// Runs a JavaScript snippet in a fresh sandbox.
     async fn run_snippet(&self, run: SnippetRun) -> Result<SnippetOutcome, ProviderError>;
 
-    /// The timeout a project gets when the request states none, in ms.
-    fn default_project_timeout_ms(&self) -> u32 {
-        30_000
-    }
-
     /// Runs a project in a fresh sandbox. Once the sandbox started, every ending (a failing
     /// step, a timeout, a runner that did not report) is a [`ProjectReport`] with its
     /// outcome; an error means nothing is known about the run.
@@ -265,6 +351,17 @@ pub trait Provider: Send + Sync + 'static {
         let _ = plan;
         Err(ProviderError::Refused(
             self.unsupported(PayloadKind::Project),
+        ))
+    }
+
+    /// Runs a module in a fresh sandbox. As for projects, every ending after the sandbox
+    /// started is a [`ModuleReport`] with its outcome; a refusal ran nothing.
+    ///
+    /// By default a provider refuses modules ([`Provider::unsupported`]): nothing runs.
+    async fn run_module(&self, plan: ModulePlan) -> Result<ModuleReport, ProviderError> {
+        let _ = plan;
+        Err(ProviderError::Refused(
+            self.unsupported(PayloadKind::Module),
         ))
     }
 
@@ -278,26 +375,14 @@ pub trait Provider: Send + Sync + 'static {
         ))))
     }
 
+    /// Removes what crashes left (providers.md §5.13): sandboxes this provider started that
+    /// no run holds any more, a dead daemon's sandboxes past their grace. The daemon calls
+    /// it every minute from its background loop, after the startup proof; it must bound its
+    /// own time and never touch a sandbox a run or session still holds. Nothing by default.
+    async fn sweep_orphans(&self) {}
+
     /// Ends in-flight work within `budget` at shutdown.
     async fn drain(&self, budget: Duration) {
         let _ = budget;
-    }
-}
-
-/// Builds the operator's provider from the configuration. Only configuration
-/// is read here; nothing is started.
-pub fn build(config: &Config) -> Result<std::sync::Arc<dyn Provider>, ProviderError> {
-    match config.provider {
-        ProviderKind::Disabled => Ok(std::sync::Arc::new(disabled::Disabled::new())),
-        #[cfg(feature = "wasm")]
-        ProviderKind::Wasm => Ok(std::sync::Arc::new(wasm::Wasm::new(config))),
-        #[cfg(feature = "docker")]
-        ProviderKind::Docker => docker::Docker::new(config)
-            .map(|d| std::sync::Arc::new(d) as std::sync::Arc<dyn Provider>)
-            .map_err(|e| ProviderError::Infrastructure(e.to_string())),
-        #[allow(unreachable_patterns)]
-        other => Err(ProviderError::Infrastructure(format!(
-            "SANDBOX_PROVIDER {other:?} is not built into this plimsolld"
-        ))),
     }
 }

@@ -14,7 +14,7 @@ use async_trait::async_trait;
 use plimsoll::refusal::Refusal;
 use plimsoll::wire::{ProjectFile, SessionEnd};
 
-use super::{ProjectPlan, ProjectReport, SnippetOutcome};
+use super::{Cause, ProjectPlan, ProjectReport, SnippetOutcome};
 use crate::grant::GuestGrant;
 
 /// What an open asks of the provider.
@@ -57,12 +57,17 @@ pub enum SessionFault {
         /// One sentence for the caller; never container output.
         detail: String,
     },
-    /// Something failed after code may have run; the detail goes only to the log.
-    #[error("{0}")]
-    Infrastructure(String),
+    /// Something failed after code may have run; the cause goes only to the log.
+    #[error(transparent)]
+    Infrastructure(Cause),
 }
 
 impl SessionFault {
+    /// An infrastructure failure caused by `cause` (a typed error, or a sentence).
+    pub fn infrastructure(cause: impl Into<Cause>) -> SessionFault {
+        SessionFault::Infrastructure(cause.into())
+    }
+
     /// A session end.
     pub fn ended(reason: SessionEnd, detail: impl Into<String>) -> SessionFault {
         SessionFault::Ended {
@@ -137,6 +142,18 @@ pub trait SessionSandbox: Send + Sync + 'static {
         timeout: Duration,
         grant: Option<Arc<GuestGrant>>,
     ) -> Result<SnippetOutcome, SessionFault>;
+
+    /// Before a call is lent a grant: holds stopped every process earlier calls left running
+    /// that the sweep keeps (cell interpreters), so that only this call's processes can use
+    /// the grant. Answers how many it holds (the broker's audit line says the call shared the
+    /// sandbox with them). A refusal means nothing ran and nothing is held.
+    async fn hold_kept(&mut self) -> Result<u32, SessionFault> {
+        Ok(0)
+    }
+
+    /// Once the grant is back: lets what [`SessionSandbox::hold_kept`] held go on (or ends
+    /// it, if it cannot be resumed).
+    async fn release_kept(&mut self) {}
 
     /// Runs a project in the sandbox; its files stay in `/work` for later calls.
     async fn project(&mut self, plan: ProjectPlan) -> Result<ProjectReport, SessionFault>;

@@ -1,7 +1,10 @@
-//! The accept loop: one task per connection, HTTP/1.1 and prior-knowledge
-//! h2c (or h2 over TLS), graceful shutdown, and a short linger after a
-//! connection ends so a client still sending an unread body reads our
-//! answer instead of a reset.
+//! The accept loop: a slot per connection from the listener's
+//! [`Connections`] table (refused at once when there is none), one task per
+//! connection serving HTTP/1.1 and prior-knowledge h2c (or h2 over TLS)
+//! through [`connection::serve`], with HTTP/2 frames metered
+//! ([`Metered`]), graceful shutdown, and a short linger after a connection
+//! ends so a client still sending an unread body reads our answer instead of
+//! a reset.
 
 use std::convert::Infallible;
 use std::future::Future;
@@ -11,35 +14,27 @@ use std::time::Duration;
 
 use http::Request;
 use hyper::body::Incoming;
-use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
-use hyper_util::server::conn::auto;
-use hyper_util::server::graceful::GracefulShutdown;
-use hyper_util::service::TowerToHyperService;
-use tokio::io::AsyncReadExt;
+use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::Semaphore;
+use tokio::sync::watch;
 use tokio_rustls::TlsAcceptor;
 use tower::Service;
 
 use super::HttpResponse;
+use super::connection::{self, Ended};
+use super::connections::{Activity, Admission, Connections, Slot};
+use super::frame_meter::Metered;
+use super::socket::{SharedSocket, linger};
 
-/// How long a closing connection keeps reading (and discarding) what the
-/// client still sends, so the client sees our answer rather than a reset.
-const LINGER: Duration = Duration::from_millis(500);
-/// Time allowed for the request line and headers.
-const READ_HEADER_TIMEOUT: Duration = Duration::from_secs(5);
-/// The most header bytes one request may carry.
-const MAX_HEADER_BYTES: usize = 32 * 1024;
 /// How long a TLS handshake may take.
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
-/// How long a new cleartext connection may stay silent before its first byte
-/// (hyper's header timer only starts once bytes arrive).
-const IDLE_TIMEOUT: Duration = Duration::from_secs(120);
 
 /// Serves `service` on `listener` until `shutdown` resolves, then lets open
 /// connections finish within `drain`. At most `max_connections` are open at
-/// once; at the cap, accepting waits (new connections queue in the kernel's
-/// backlog) and nothing is refused.
+/// once; past that a newcomer takes the slot of a connection that has
+/// proven nothing or is idle, and when there is none it is closed at once
+/// (never left waiting in the kernel's backlog, where it would only time
+/// out later).
 pub async fn serve<S>(
     listener: TcpListener,
     service: S,
@@ -54,27 +49,12 @@ pub async fn serve<S>(
         + Sync
         + 'static,
 {
-    let graceful = GracefulShutdown::new();
-    let mut builder = auto::Builder::new(TokioExecutor::new());
-    builder
-        .http1()
-        .timer(TokioTimer::new())
-        .header_read_timeout(READ_HEADER_TIMEOUT)
-        .max_buf_size(MAX_HEADER_BYTES);
-    builder
-        .http2()
-        .timer(TokioTimer::new())
-        .max_header_list_size(MAX_HEADER_BYTES as u32);
+    let builder = connection::builder();
+    let table = Connections::new(max_connections);
+    let (drain_tx, drain_rx) = watch::channel(false);
+    let mut pressure = Pressure::default();
     tokio::pin!(shutdown);
-    let slots = Arc::new(Semaphore::new(max_connections.max(1)));
     loop {
-        let permit = tokio::select! {
-            permit = slots.clone().acquire_owned() => match permit {
-                Ok(p) => p,
-                Err(_) => break,
-            },
-            () = &mut shutdown => break,
-        };
         let (tcp, peer) = tokio::select! {
             accepted = listener.accept() => match accepted {
                 Ok(pair) => pair,
@@ -87,94 +67,138 @@ pub async fn serve<S>(
             },
             () = &mut shutdown => break,
         };
+        let slot = match table.admit() {
+            Admission::Admitted(slot) => {
+                if slot.took_over() {
+                    pressure.evicted += 1;
+                }
+                pressure.report(max_connections);
+                slot
+            }
+            Admission::Refused => {
+                drop(tcp);
+                pressure.refused += 1;
+                pressure.report(max_connections);
+                continue;
+            }
+        };
         let _ = tcp.set_nodelay(true);
-        let service = TowerToHyperService::new(service.clone());
-        let builder = builder.clone();
-        let watcher = graceful.watcher();
-        let tls = tls.clone();
-        tokio::spawn(async move {
-            let _permit = permit;
-            let linger = linger_handle(&tcp);
-            match tls {
-                None => {
-                    if !first_byte_within(&tcp, IDLE_TIMEOUT).await {
-                        return;
-                    }
-                    let conn = builder.serve_connection(TokioIo::new(tcp), service);
-                    if let Err(e) = watcher.watch(conn.into_owned()).await {
-                        tracing::debug!(peer = %peer, error = %e, "connection ended");
-                    }
-                }
-                Some(acceptor) => {
-                    let stream =
-                        match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(tcp)).await {
-                            Ok(Ok(s)) => s,
-                            _ => return,
-                        };
-                    let conn = builder.serve_connection(TokioIo::new(stream), service);
-                    if let Err(e) = watcher.watch(conn.into_owned()).await {
-                        tracing::debug!(peer = %peer, error = %e, "connection ended");
-                    }
-                }
-            }
-            if let Some(stream) = linger {
-                discard_for(stream, LINGER).await;
-            }
-        });
+        let task = Task {
+            service: service.clone(),
+            builder: builder.clone(),
+            tls: tls.clone(),
+            drain: drain_rx.clone(),
+            peer,
+        };
+        tokio::spawn(task.run(tcp, slot));
     }
     drop(listener);
-    if tokio::time::timeout(drain, graceful.shutdown())
-        .await
-        .is_err()
-    {
+    let _ = drain_tx.send(true);
+    if tokio::time::timeout(drain, table.emptied()).await.is_err() {
         tracing::warn!("drain budget spent; closing the remaining connections");
     }
 }
 
-/// Whether the peer sends something (or closes) within `budget`; a silent
-/// connection would otherwise hold a connection slot forever.
-async fn first_byte_within(tcp: &TcpStream, budget: Duration) -> bool {
-    let mut byte = [0u8; 1];
-    matches!(
-        tokio::time::timeout(budget, tcp.peek(&mut byte)).await,
-        Ok(Ok(_))
-    )
+/// Connections that found the listener full, reported at most once per
+/// [`PRESSURE_REPORT_EVERY`] so that a flood of connections is visible in the
+/// log without writing a line for each.
+#[derive(Default)]
+struct Pressure {
+    evicted: u64,
+    refused: u64,
+    reported: Option<tokio::time::Instant>,
 }
 
-/// A second handle on the connection's socket, so that after hyper has
-/// finished and closed its own, the socket stays open a moment longer.
-fn linger_handle(tcp: &TcpStream) -> Option<TcpStream> {
-    let std = socket_clone(tcp)?;
-    std.set_nonblocking(true).ok()?;
-    TcpStream::from_std(std).ok()
-}
+/// How often slot pressure may be logged.
+const PRESSURE_REPORT_EVERY: Duration = Duration::from_secs(30);
 
-fn socket_clone(tcp: &TcpStream) -> Option<std::net::TcpStream> {
-    use std::os::fd::AsFd;
-    let owned = tcp.as_fd().try_clone_to_owned().ok()?;
-    Some(std::net::TcpStream::from(owned))
-}
-
-/// Reads and drops what the peer still sends, until it closes or `budget` passes.
-async fn discard_for(mut stream: TcpStream, budget: Duration) {
-    // Our half is done: say so, so a client waiting for the end stops waiting.
-    let _ = socket2_shutdown_write(&stream);
-    let mut buf = [0u8; 8192];
-    let _ = tokio::time::timeout(budget, async {
-        loop {
-            match stream.read(&mut buf).await {
-                Ok(0) | Err(_) => break,
-                Ok(_) => {}
-            }
+impl Pressure {
+    fn report(&mut self, cap: usize) {
+        if self.evicted == 0 && self.refused == 0 {
+            return;
         }
-    })
-    .await;
+        let now = tokio::time::Instant::now();
+        if self
+            .reported
+            .is_some_and(|at| now.duration_since(at) < PRESSURE_REPORT_EVERY)
+        {
+            return;
+        }
+        tracing::warn!(
+            max_connections = cap,
+            evicted = self.evicted,
+            refused = self.refused,
+            "the listener is full: newcomers took the slots of idle or unauthenticated \
+             connections (evicted) or, with every slot busy, were closed at once (refused)"
+        );
+        *self = Pressure {
+            reported: Some(now),
+            ..Pressure::default()
+        };
+    }
 }
 
-fn socket2_shutdown_write(stream: &TcpStream) -> std::io::Result<()> {
-    use std::os::fd::AsFd;
-    let owned = stream.as_fd().try_clone_to_owned()?;
-    std::net::TcpStream::from(owned).shutdown(std::net::Shutdown::Write)
+/// What one connection's task needs.
+struct Task<S> {
+    service: S,
+    builder: hyper_util::server::conn::auto::Builder<hyper_util::rt::TokioExecutor>,
+    tls: Option<TlsAcceptor>,
+    drain: watch::Receiver<bool>,
+    peer: SocketAddr,
+}
+
+impl<S> Task<S>
+where
+    S: Service<Request<Incoming>, Response = HttpResponse, Error = Infallible, Future: Send>
+        + Clone
+        + Send
+        + Sync
+        + 'static,
+{
+    async fn run(self, tcp: TcpStream, slot: Slot) {
+        let socket = Arc::new(tcp);
+        let io = SharedSocket(socket.clone());
+        let activity = slot.activity().clone();
+        let ended = match self.tls.clone() {
+            None => self.serve(io, activity).await,
+            Some(acceptor) => {
+                // The handshake counts against the connection's first-request
+                // deadline, and gives way to eviction and drain like a request.
+                let mut drain = self.drain.clone();
+                let stream = tokio::select! {
+                    done = tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(io)) => match done {
+                        Ok(Ok(s)) => s,
+                        _ => return,
+                    },
+                    () = tokio::time::sleep_until(activity.snapshot().close_at()) => return,
+                    () = activity.evicted() => return,
+                    _ = drain.wait_for(|d| *d) => return,
+                };
+                self.serve(stream, activity).await
+            }
+        };
+        if ended == Ended::Served {
+            linger(socket).await;
+        }
+        drop(slot);
+    }
+
+    /// Serves the connection over `io` (the socket, or the TLS stream on it).
+    async fn serve<I>(self, io: I, activity: Arc<Activity>) -> Ended
+    where
+        I: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+    {
+        let io = Metered::new(io, self.peer);
+        connection::serve(
+            io,
+            &self.builder,
+            self.service,
+            activity,
+            self.drain,
+            self.peer,
+        )
+        .await
+    }
 }
 
 /// The address a listener is bound to, for the startup log.
@@ -201,23 +225,3 @@ pub fn rpc_connection_cap() -> usize {
 
 /// The metrics listener's connection cap.
 pub const METRICS_CONNECTION_CAP: usize = 64;
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use tokio::io::AsyncWriteExt;
-
-    #[tokio::test]
-    async fn a_silent_connection_is_given_up_and_a_talking_one_is_not() {
-        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = listener.local_addr().unwrap();
-        let _silent = TcpStream::connect(addr).await.unwrap();
-        let (server_side, _) = listener.accept().await.unwrap();
-        assert!(!first_byte_within(&server_side, Duration::from_millis(50)).await);
-
-        let mut talking = TcpStream::connect(addr).await.unwrap();
-        let (server_side, _) = listener.accept().await.unwrap();
-        talking.write_all(b"G").await.unwrap();
-        assert!(first_byte_within(&server_side, Duration::from_secs(5)).await);
-    }
-}

@@ -9,18 +9,29 @@
 //! 7. [`raw_grant`] — a grant sent in full (not named by profile) is refused;
 //! 8. the Connect service, whose handlers mark the procedure reached.
 //!
-//! Each layer is one file. [`listener`] runs the accept loop around them.
+//! Each layer is one file. Around them, outermost first:
+//!
+//! - [`listener`] — the accept loop: a slot for each connection, or a refusal;
+//! - [`connections`] — the slots: how many, how long each may stay, which
+//!   one gives way when the listener is full;
+//! - [`connection`] — one connection's protocol settings and life;
+//! - [`frame_meter`] — HTTP/2 frame budgets the h2 crate does not keep;
+//! - [`socket`] — the socket shared by hyper and the connection's linger.
 
 pub mod authenticate;
 pub mod binding;
 pub mod body_limit;
+pub mod connection;
+pub mod connections;
 pub mod decode_gate;
 pub mod exchange;
+pub mod frame_meter;
 pub mod listener;
 pub mod metrics_listener;
 pub mod probes;
 pub mod raw_grant;
 pub mod routing;
+pub mod socket;
 pub mod tls;
 pub mod unread_body;
 

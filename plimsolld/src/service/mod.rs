@@ -7,9 +7,8 @@ mod session;
 
 use std::sync::Arc;
 
-use base64::Engine as _;
 use connectrpc::{ConnectError, RequestContext, Response, ServiceRequest, ServiceResult};
-use plimsoll::refusal::{NOT_DISPATCHED_TYPE, Reason, Refusal, internal_error};
+use plimsoll::refusal::{Reason, Refusal, internal_error, not_dispatched_reason};
 use plimsoll::tier::IsolationTier;
 use plimsoll::wire;
 
@@ -77,9 +76,9 @@ fn enter(ctx: &RequestContext) -> Result<Principal, ConnectError> {
 fn answer_error(err: ProviderError, metrics: &Metrics) -> ConnectError {
     match err {
         ProviderError::Refused(r) => r.into(),
-        ProviderError::Infrastructure(detail) => {
+        ProviderError::Infrastructure(cause) => {
             metrics.run_failed();
-            internal(&detail)
+            internal(&cause.to_string())
         }
     }
 }
@@ -99,19 +98,7 @@ pub fn internal(detail: &str) -> ConnectError {
 /// Records the answer's code and not-dispatched reason for the audit line.
 fn finish<T>(ctx: &RequestContext, result: ServiceResult<T>) -> ServiceResult<T> {
     if let Err(err) = &result {
-        let reason = err
-            .details
-            .iter()
-            .find(|d| d.type_url == NOT_DISPATCHED_TYPE)
-            .and_then(|d| d.value.as_deref())
-            .and_then(|v| {
-                base64::engine::general_purpose::STANDARD_NO_PAD
-                    .decode(v.trim_end_matches('='))
-                    .ok()
-            })
-            .and_then(|b| b.get(1).copied())
-            .and_then(|n| Reason::from_wire(i32::from(n)))
-            .map(Reason::as_str);
+        let reason = not_dispatched_reason(err).map(Reason::as_str);
         Exchange::of(ctx.extensions()).set_outcome(err.code.as_str(), reason);
     }
     result

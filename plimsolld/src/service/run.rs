@@ -1,25 +1,29 @@
 //! `Run`: one payload in a fresh sandbox. The steps follow wire.md §6.1 in
-//! order, so a reviewer can hold this file against the spec line by line.
+//! order, so a reviewer can hold this file against the spec line by line, with two
+//! additions (issue 12, part 1): the request's rate token is taken before step 1, and the
+//! broker opens the run's grant only after admission, between steps 8 and 9. Step 5 judges
+//! the profile from the broker's catalogue, so the answers and their order are the spec's,
+//! and nothing a refused request causes reaches the broker.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
 use connectrpc::ConnectError;
+use plimsoll::payload::{Payload, PayloadKind};
 use plimsoll::record;
 use plimsoll::refusal::Refusal;
 use plimsoll::tier::{Floor, IsolationTier};
-use plimsoll::validate::{self, PayloadKind};
-use plimsoll::wire::{
-    ProjectOutcome, RunRequest, RunResponse, SoftwareRule, run_request, run_response,
-};
+use plimsoll::validate;
+use plimsoll::wire::{ProjectOutcome, RunRequest, RunResponse, SoftwareRule, run_response};
 
 use super::{State, answer_error};
 use crate::auth::Principal;
 use crate::grant::{self, OpenGrant};
 use crate::provider::{
-    Description, Hold, ProjectPlan, ProjectReport, ProviderError, SnippetOutcome, SnippetRun,
+    Description, Hold, ModulePlan, ModuleReport, ProjectPlan, ProjectReport, ProviderError,
+    SnippetOutcome, SnippetRun,
 };
-use crate::record::Answer;
+use crate::record::Arrival;
 
 /// How long past the run's timeout its grant stays open: a sandbox's start (a container's
 /// create and start) comes before the guest's clock begins.
@@ -31,50 +35,64 @@ pub(super) async fn handle(
     principal: &Principal,
     req: RunRequest,
 ) -> Result<RunResponse, ConnectError> {
-    let arrived = Answer::arrived();
-    // 1–4: envelope and payload, before anything else is looked at.
+    let arrived = Arrival::now();
+    // 0: the request's rate token, kept whether it runs or is refused (README, Admission).
+    state.admission.take_token(principal.audit_key())?;
+    // 1–4: envelope and payload.
     validate::check_protocol(req.protocol)?;
     let floor = validate::check_floor(&req.minimum_isolation)?;
     let rule = req.software_rule.as_option();
     validate::check_software_rule(rule)?;
-    let kind = validate::check_run_payload(req.payload.as_ref())?;
-    // 5: grant profile selection: the broker opens the run's grant (or refuses). From
-    // here on every way out closes it: the open grant closes itself when dropped.
+    let payload = Payload::of_run(req.payload.as_ref());
+    let kind = validate::check_payload(payload, false)?;
+    // 5: grant profile selection, judged here from the broker's catalogue.
     let description = state.provider.describe();
-    let timeout = run_timeout(state, &req, &description);
-    let grant = select_grant(state, principal, &req, &description, timeout).await?;
+    let environment = description.environment(kind);
+    let timeout = environment.timeout(req.timeout_ms);
+    let profile = select_grant(state, principal, payload, kind, &description)?;
     // 6: the floor against the tier right now.
     let tier = state.current_tier();
     check_floor(floor, tier)?;
     // 7: the software rule against the selected environment.
-    let identity = match kind {
-        PayloadKind::Project => &description.project.software_identity,
-        PayloadKind::Module => &description.module.software_identity,
-        _ => &description.javascript.software_identity,
-    };
-    check_software(rule, identity)?;
+    check_software(rule, &environment.software_identity)?;
     // 8: admission; sheds at once, never queues.
     let permit = state.admission.admit(principal.audit_key())?;
+    // 8½: the broker opens the admitted run's grant (or refuses it; the slot is freed).
+    // From here on every way out closes it: the open grant closes itself when dropped.
+    let grant = match profile {
+        Some(profile) => {
+            let deadline = SystemTime::now() + timeout + GRANT_SLACK;
+            let delivery = state.provider.grant_delivery();
+            Some(
+                state
+                    .grants
+                    .open(profile, principal, deadline, delivery)
+                    .await?,
+            )
+        }
+        None => None,
+    };
     // 9: dispatch. The slot travels with the job: the provider frees it
     // when the sandbox is gone, which may be after the answer.
     let hold = Hold::new(permit);
     let guest = grant.as_ref().map(OpenGrant::guest);
-    let job = match req.payload.as_ref() {
-        Some(run_request::Payload::Javascript(js)) => Job::Snippet(SnippetRun {
+    let job = match payload {
+        Payload::Javascript(js) => Job::Snippet(SnippetRun {
             code: js.code.clone(),
             timeout,
             hold,
             grant: guest,
         }),
-        Some(run_request::Payload::Project(p)) if description.supports_project => {
-            Job::Project(ProjectPlan {
-                files: p.files.clone(),
-                steps: p.steps.clone(),
-                artifacts: p.artifacts.clone(),
-                timeout,
-                hold,
-                grant: guest,
-            })
+        Payload::Project(p) if description.supports_project => Job::Project(ProjectPlan {
+            files: p.files.clone(),
+            steps: p.steps.clone(),
+            artifacts: p.artifacts.clone(),
+            timeout,
+            hold,
+            grant: guest,
+        }),
+        Payload::Module(m) if description.supports_module => {
+            Job::Module(module_plan(m, timeout, hold))
         }
         _ => return Err(state.provider.unsupported(kind).into()),
     };
@@ -99,6 +117,19 @@ pub(super) async fn handle(
 enum Job {
     Snippet(SnippetRun),
     Project(ProjectPlan),
+    Module(ModulePlan),
+}
+
+/// A module payload's plan (wire.md §6.5): validated in step 4; it never has a grant.
+fn module_plan(m: &plimsoll::wire::ModuleRun, timeout: Duration, hold: Hold) -> ModulePlan {
+    ModulePlan {
+        model: m.model.clone(),
+        rows: m.rows.clone(),
+        end_time: m.end_time,
+        step: m.step,
+        timeout,
+        hold,
+    }
 }
 
 // === impl Dispatch ===
@@ -107,7 +138,7 @@ enum Job {
 struct Dispatch {
     state: Arc<State>,
     principal: Principal,
-    arrived: Answer,
+    arrived: Arrival,
     tier: IsolationTier,
     description: Description,
     req: RunRequest,
@@ -119,19 +150,20 @@ impl Dispatch {
     /// then counts, answers and audits the run, whether or not anyone still
     /// waits for it.
     async fn run(mut self, job: Job) -> Result<RunResponse, ConnectError> {
-        let (outcome, code_bytes) = match job {
-            Job::Snippet(run) => {
-                let bytes = run.code.len();
-                let out = self.state.provider.run_snippet(run).await;
-                (out.map(Done::Snippet), bytes)
-            }
-            Job::Project(plan) => {
-                // A project's code: its files and its steps.
-                let bytes = plan.files.iter().map(|f| f.content.len()).sum::<usize>()
-                    + plan.steps.iter().map(String::len).sum::<usize>();
-                let out = self.state.provider.run_project(plan).await;
-                (out.map(Done::Project), bytes)
-            }
+        let outcome = match job {
+            Job::Snippet(run) => self
+                .state
+                .provider
+                .run_snippet(run)
+                .await
+                .map(Done::Snippet),
+            Job::Project(plan) => self
+                .state
+                .provider
+                .run_project(plan)
+                .await
+                .map(Done::Project),
+            Job::Module(plan) => self.state.provider.run_module(plan).await.map(Done::Module),
         };
         // A provider's own refusal ran nothing, so it is not counted as a run.
         // Counted as soon as the provider is done; a provider whose sandbox
@@ -144,34 +176,51 @@ impl Dispatch {
             Some(grant) => grant.close().await,
             None => None,
         };
+        let payload = Payload::of_run(self.req.payload.as_ref());
         if let Some(summary) = &host_calls {
             self.state
                 .metrics
-                .host_calls(grant_profile(&self.req), summary);
+                .host_calls(payload.grant_profile(), summary);
         }
         let outcome = outcome.map_err(|e| answer_error(e, &self.state.metrics))?;
-        let resp = match outcome {
-            Done::Snippet(out) => answer_snippet(
-                &self.arrived,
-                &self.req,
-                self.description.sandbox,
-                self.tier,
-                &self.description.policy,
-                out,
-            ),
-            Done::Project(out) => answer_project(
-                &self.arrived,
-                &self.req,
-                self.description.sandbox,
-                self.tier,
-                &self.description.policy,
-                out,
-            ),
+        let answer = match outcome {
+            Done::Snippet(mut out) => {
+                let result = out.take_result();
+                Answer {
+                    duration: out.duration,
+                    software_identity: out.software_identity,
+                    environment: out.environment,
+                    instance: out.instance,
+                    result: run_response::Result::Javascript(Box::new(result)),
+                }
+            }
+            // wire.md §5.3: for projects, the handler's own clock.
+            Done::Project(out) => Answer {
+                duration: self.arrived.started.elapsed(),
+                software_identity: out.software_identity,
+                environment: out.environment,
+                instance: out.instance,
+                result: run_response::Result::Project(Box::new(out.result)),
+            },
+            // wire.md §5.3: for modules, the provider's own measure.
+            Done::Module(out) => Answer {
+                duration: out.duration,
+                software_identity: out.software_identity,
+                environment: out.environment,
+                instance: out.instance,
+                result: run_response::Result::Module(Box::new(out.result)),
+            },
         };
+        let resp = answer.seal(
+            &self.arrived,
+            &self.req,
+            self.description.sandbox,
+            self.tier,
+            &self.description.policy,
+        );
         audit(
             &self.principal,
             &self.req,
-            code_bytes,
             &resp,
             self.arrived.started,
             host_calls.as_ref(),
@@ -184,67 +233,34 @@ impl Dispatch {
 enum Done {
     Snippet(SnippetOutcome),
     Project(ProjectReport),
-}
-
-/// The run's effective timeout: the request's, defaulted and clamped to the payload
-/// kind's ceiling.
-fn run_timeout(state: &State, req: &RunRequest, description: &Description) -> Duration {
-    let (default_ms, ceiling_ms) = match req.payload.as_ref() {
-        Some(run_request::Payload::Project(_)) => (
-            state.provider.default_project_timeout_ms(),
-            description.project.max_timeout_ms,
-        ),
-        _ => (
-            state.provider.default_timeout_ms(),
-            description.javascript.max_timeout_ms,
-        ),
-    };
-    let ms = validate::effective_timeout_ms(req.timeout_ms, default_ms, ceiling_ms);
-    Duration::from_millis(u64::from(ms))
+    Module(ModuleReport),
 }
 
 /// Step 5 (wire.md §6.6): no profile, no grant; a profile name over 128 bytes is invalid;
 /// with grants off every profile is unavailable; a payload kind without a credential-safe
-/// path on this provider is unsupported; else the broker opens the run's grant for this
-/// caller, until the run's deadline, or refuses.
-async fn select_grant(
+/// path on this provider is unsupported; an unknown profile or one this caller may not use
+/// is unavailable (the broker's catalogue says). Returns the profile to open once the run
+/// is admitted.
+fn select_grant<'a>(
     state: &State,
     principal: &Principal,
-    req: &RunRequest,
+    payload: Payload<'a>,
+    kind: PayloadKind,
     description: &Description,
-    timeout: Duration,
-) -> Result<Option<OpenGrant>, Refusal> {
-    let (profile, supported, kind) = match req.payload.as_ref() {
-        Some(run_request::Payload::Javascript(js)) => (
-            js.grant_profile.as_str(),
-            description.supports_javascript_grants,
-            PayloadKind::Javascript,
-        ),
-        Some(run_request::Payload::Project(p)) => (
-            p.grant_profile.as_str(),
-            description.supports_project_grants,
-            PayloadKind::Project,
-        ),
-        _ => return Ok(None),
-    };
-    let Some(profile) = check_profile(state, profile, supported, kind, description)? else {
+) -> Result<Option<&'a str>, Refusal> {
+    let Some(profile) = check_profile(state, payload.grant_profile(), kind, description)? else {
         return Ok(None);
     };
-    let deadline = SystemTime::now() + timeout + GRANT_SLACK;
-    state
-        .grants
-        .open(profile, principal, deadline)
-        .await
-        .map(Some)
+    state.grants.select(profile, principal, false)?;
+    Ok(Some(profile))
 }
 
-/// Step 5's checks before the broker is asked, for a run or a session call: no profile, no
+/// Step 5's checks of the request itself, for a run or a session call: no profile, no
 /// grant; a name over 128 bytes is invalid; with grants off every profile is unavailable; a
 /// payload kind without a credential-safe path on this provider is unsupported.
 pub(super) fn check_profile<'a>(
     state: &State,
     profile: &'a str,
-    supported: bool,
     kind: PayloadKind,
     description: &Description,
 ) -> Result<Option<&'a str>, Refusal> {
@@ -262,7 +278,7 @@ pub(super) fn check_profile<'a>(
     if !state.grants.enabled() {
         return Err(grant::unavailable(profile));
     }
-    if !supported {
+    if !description.supports_grants(kind) {
         return Err(Refusal::Unsupported(format!(
             "the {} provider has no credential-safe grant path for a {} payload; nothing ran",
             description.sandbox,
@@ -297,54 +313,41 @@ pub(super) fn check_software(rule: Option<&SoftwareRule>, identity: &str) -> Res
     )))
 }
 
-fn answer_snippet(
-    arrived: &Answer,
-    req: &RunRequest,
-    sandbox: &str,
-    tier: IsolationTier,
-    policy: &str,
-    mut out: SnippetOutcome,
-) -> RunResponse {
-    let result = out.take_result();
-    let resp = RunResponse {
-        sandbox: sandbox.to_owned(),
-        isolation: tier.as_str().to_owned(),
-        duration_ms: i64::try_from(out.duration.as_millis()).unwrap_or(i64::MAX),
-        software_identity: out.software_identity,
-        environment: out.environment,
-        instance: out.instance,
-        result: Some(run_response::Result::Javascript(Box::new(result))),
-        ..Default::default()
-    };
-    arrived.seal_single(resp, req, policy)
+/// What a finished run answers, whatever its payload: sealed into the response and its record.
+struct Answer {
+    duration: Duration,
+    software_identity: String,
+    environment: String,
+    instance: String,
+    result: run_response::Result,
 }
 
-fn answer_project(
-    arrived: &Answer,
-    req: &RunRequest,
-    sandbox: &str,
-    tier: IsolationTier,
-    policy: &str,
-    out: ProjectReport,
-) -> RunResponse {
-    let resp = RunResponse {
-        sandbox: sandbox.to_owned(),
-        isolation: tier.as_str().to_owned(),
-        // wire.md §5.3: for projects, the handler's own clock.
-        duration_ms: i64::try_from(arrived.started.elapsed().as_millis()).unwrap_or(i64::MAX),
-        software_identity: out.software_identity,
-        environment: out.environment,
-        instance: out.instance,
-        result: Some(run_response::Result::Project(Box::new(out.result))),
-        ..Default::default()
-    };
-    arrived.seal_single(resp, req, policy)
+impl Answer {
+    fn seal(
+        self,
+        arrived: &Arrival,
+        req: &RunRequest,
+        sandbox: &str,
+        tier: IsolationTier,
+        policy: &str,
+    ) -> RunResponse {
+        let resp = RunResponse {
+            sandbox: sandbox.to_owned(),
+            isolation: tier.as_str().to_owned(),
+            duration_ms: i64::try_from(self.duration.as_millis()).unwrap_or(i64::MAX),
+            software_identity: self.software_identity,
+            environment: self.environment,
+            instance: self.instance,
+            result: Some(self.result),
+            ..Default::default()
+        };
+        arrived.seal_single(resp, req, policy)
+    }
 }
 
 fn audit(
     principal: &Principal,
     req: &RunRequest,
-    code_bytes: usize,
     resp: &RunResponse,
     started: Instant,
     host_calls: Option<&broker::control::protocol::RunSummary>,
@@ -356,19 +359,25 @@ fn audit(
             p.outcome == ProjectOutcome::PROJECT_OUTCOME_TIMED_OUT,
             outcome_name(p.outcome.to_i32()),
         ),
+        Some(run_response::Result::Module(m)) => (
+            0,
+            m.outcome == ProjectOutcome::PROJECT_OUTCOME_TIMED_OUT,
+            outcome_name(m.outcome.to_i32()),
+        ),
         _ => (0, false, ""),
     };
     let trace = validate::trace_id(&req.trace_id);
     let nonzero = |n: u64| (n > 0).then_some(n);
+    let payload = Payload::of_run(req.payload.as_ref());
     tracing::info!(
         op = "run",
         caller = principal.audit_key(),
-        grant_profile = grant_profile(req),
+        grant_profile = payload.grant_profile(),
         host_calls = host_calls.map(|h| h.calls),
         host_calls_denied = host_calls.and_then(|h| nonzero(h.denied)),
         host_calls_shed = host_calls.and_then(|h| nonzero(h.shed)),
         host_calls_dropped = host_calls.and_then(|h| nonzero(h.dropped)),
-        code_bytes,
+        code_bytes = payload.code_bytes(),
         sandbox = %resp.sandbox,
         isolation = %resp.isolation,
         exit_code,
@@ -379,15 +388,6 @@ fn audit(
         trace_id_rejected = trace.is_none() && !req.trace_id.is_empty(),
         "code run"
     );
-}
-
-/// The request's `grant_profile`, or "".
-fn grant_profile(req: &RunRequest) -> &str {
-    match req.payload.as_ref() {
-        Some(run_request::Payload::Javascript(js)) => &js.grant_profile,
-        Some(run_request::Payload::Project(p)) => &p.grant_profile,
-        _ => "",
-    }
 }
 
 /// A project outcome's client name (wire.md §5.4), for the log.
@@ -447,6 +447,7 @@ mod tests {
             Description {
                 sandbox: "gated",
                 javascript: Environment {
+                    default_timeout_ms: 30_000,
                     max_timeout_ms: 30_000,
                     ..Environment::default()
                 },
@@ -522,7 +523,7 @@ mod tests {
         panic!("{what} did not happen within 2 s");
     }
 
-    #[tokio::test]
+    #[tokio::test(start_paused = true)]
     async fn a_run_whose_caller_hangs_up_keeps_its_slot_to_the_end_and_is_still_counted() {
         let (provider, state, caller) = gated();
         // The caller waits a moment, then goes away: its handler future is dropped.
@@ -548,7 +549,7 @@ mod tests {
         assert!(state.admission.admit("b").is_ok());
     }
 
-    #[tokio::test]
+    #[tokio::test(start_paused = true)]
     async fn a_project_on_a_provider_without_projects_is_refused_and_runs_nothing() {
         let (provider, state, caller) = gated();
         let req = RunRequest {

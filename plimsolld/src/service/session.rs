@@ -8,13 +8,13 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use buffa::MessageField;
 use connectrpc::{ConnectError, ErrorCode, ErrorDetail};
-use plimsoll::record::{self, Stamp};
+use plimsoll::payload::{Payload, PayloadKind};
+use plimsoll::record;
 use plimsoll::refusal::{Refusal, UNANSWERED_CALL_TYPE, session_ended_detail};
-use plimsoll::validate::{self, PayloadKind};
+use plimsoll::validate;
 use plimsoll::wire::{
     CellResult, CloseSessionRequest, CloseSessionResponse, OpenSessionRequest, OpenSessionResponse,
-    RunRecord, RunResponse, SessionEnd, SessionRunRequest, SessionRunResponse, UnansweredCall,
-    run_response, session_run_request,
+    RunResponse, SessionEnd, SessionRunRequest, SessionRunResponse, UnansweredCall, run_response,
 };
 
 use super::run::{GRANT_SLACK, check_floor, check_profile, check_software};
@@ -22,19 +22,21 @@ use super::{State, answer_error, internal};
 use crate::auth::Principal;
 use crate::grant::{GuestGrant, OpenGrant, SessionSlot};
 use crate::provider::{CellCall, Hold, ProjectPlan, SessionFault, SessionSandbox};
-use crate::record::Answer;
+use crate::record::Arrival;
 use crate::session::{Entry, OpenTerms, Sessions, Stated, Turn, TurnGuard, terms};
 use broker::control::protocol::RunSummary;
 
 // === OpenSession ===
 
-/// Opens a session: envelope checks, sessions on, owner, languages, floor and rule against
-/// the session environment, then the table (caps, admission) and the provider's sandbox.
+/// Opens a session: the request's rate token, envelope checks, sessions on, owner,
+/// languages, floor and rule against the session environment, then the table (caps,
+/// admission), the broker's socket and the provider's sandbox.
 pub(super) async fn open(
     state: &Arc<State>,
     principal: &Principal,
     req: OpenSessionRequest,
 ) -> Result<OpenSessionResponse, ConnectError> {
+    state.admission.take_token(principal.audit_key())?;
     validate::check_protocol(req.protocol)?;
     let floor = validate::check_floor(&req.minimum_isolation)?;
     let rule = req.software_rule.as_option().cloned();
@@ -70,14 +72,19 @@ pub(super) async fn open(
     let caller = terms.caller.clone();
     let owner = terms.owner.clone();
     // Grants (grants.md §3): a running sandbox cannot gain a mount, so the session's broker
-    // socket is opened now, whenever this provider has a grant path at all.
-    let slot = if description.supports_javascript_grants || description.supports_project_grants {
-        state
-            .grants
-            .open_session_slot(SystemTime::now() + lifetime)
-            .await
-    } else {
-        None
+    // socket is opened at open, whenever this provider has a grant path at all; the table
+    // asks for it only once the open is admitted.
+    let grant_path = description.supports_javascript_grants || description.supports_project_grants;
+    let grants = Arc::clone(&state.grants);
+    let delivery = state.provider.grant_delivery();
+    let slot = async move {
+        if grant_path {
+            grants
+                .open_session_slot(SystemTime::now() + lifetime, delivery)
+                .await
+        } else {
+            None
+        }
     };
     let sessions = Arc::clone(&state.sessions);
     let stated_id = id.clone();
@@ -131,15 +138,17 @@ pub(super) async fn open(
 
 // === SessionRun ===
 
-/// Runs one call in a session: the envelope, the lookup (which claims the session, even for
-/// a request refused later), payload, grant, the restated rule, floor and rule against the
-/// session, a rate token, then the turn.
+/// Runs one call in a session: the request's rate token, the envelope, the lookup (which
+/// claims the session, even for a request refused later), payload, grant, the restated
+/// rule, floor and rule against the session, then the turn (no slot: the session holds
+/// its own).
 pub(super) async fn run(
     state: &Arc<State>,
     principal: &Principal,
     req: SessionRunRequest,
 ) -> Result<SessionRunResponse, ConnectError> {
-    let arrived = Answer::arrived();
+    let arrived = Arrival::now();
+    state.admission.take_token(principal.audit_key())?;
     validate::check_protocol(req.protocol)?;
     let floor = validate::check_floor(&req.minimum_isolation)?;
     let rule = req.software_rule.as_option();
@@ -148,14 +157,13 @@ pub(super) async fn run(
         .sessions
         .find(&req.session_id, principal.audit_key())?;
     entry.claim();
-    let kind = validate::check_session_payload(req.payload.as_ref())?;
-    let profile = check_grant_profile(state, &req)?;
+    let payload = Payload::of_session_run(req.payload.as_ref());
+    let kind = validate::check_payload(payload, true)?;
+    let profile = check_grant_profile(state, principal, payload, kind)?;
     terms::check_call_rule(entry.stated.rule.as_ref(), rule)?;
     check_floor(floor, entry.stated.tier)?;
     check_software(rule, &entry.stated.software_identity)?;
-    let job = job(state, &req)?;
-    // Admission: a token, no slot (the session holds its slot for its whole life).
-    state.admission.charge(principal.audit_key())?;
+    let job = job(state, payload, req.timeout_ms)?;
     let call = Call {
         state: Arc::clone(state),
         entry,
@@ -170,24 +178,21 @@ pub(super) async fn run(
         .map_err(|e| internal(&format!("session call task failed: {e}")))?
 }
 
-/// The grant checks made before the turn (wire.md §6.6); the broker's own (the profile,
-/// the caller, `allow_in_sessions`) come when the call lends the grant, holding the turn.
-fn check_grant_profile(state: &State, req: &SessionRunRequest) -> Result<Option<String>, Refusal> {
+/// The grant checks made before the turn (wire.md §6.6): the request's, then the profile,
+/// the caller and `allow_in_sessions` against the broker's catalogue. The broker checks
+/// them again when the call lends the grant, holding the turn.
+fn check_grant_profile(
+    state: &State,
+    principal: &Principal,
+    payload: Payload<'_>,
+    kind: PayloadKind,
+) -> Result<Option<String>, Refusal> {
     let description = state.provider.describe();
-    let (profile, supported, kind) = match req.payload.as_ref() {
-        Some(session_run_request::Payload::Javascript(js)) => (
-            js.grant_profile.as_str(),
-            description.supports_javascript_grants,
-            PayloadKind::Javascript,
-        ),
-        Some(session_run_request::Payload::Project(p)) => (
-            p.grant_profile.as_str(),
-            description.supports_project_grants,
-            PayloadKind::Project,
-        ),
-        _ => return Ok(None),
+    let Some(profile) = check_profile(state, payload.grant_profile(), kind, &description)? else {
+        return Ok(None);
     };
-    Ok(check_profile(state, profile, supported, kind, &description)?.map(str::to_owned))
+    state.grants.select(profile, principal, true)?;
+    Ok(Some(profile.to_owned()))
 }
 
 /// What a session call runs.
@@ -198,42 +203,29 @@ enum Job {
     Cell(CellCall),
 }
 
-fn job(state: &State, req: &SessionRunRequest) -> Result<Job, Refusal> {
+/// The call's job. Snippets and cells get the JavaScript environment's timeouts, projects
+/// the project environment's.
+fn job(state: &State, payload: Payload<'_>, timeout_ms: i32) -> Result<Job, Refusal> {
     let d = state.provider.describe();
-    let ms = |default: u32, ceiling: u32| {
-        Duration::from_millis(u64::from(validate::effective_timeout_ms(
-            req.timeout_ms,
-            default,
-            ceiling,
-        )))
-    };
-    let snippet_timeout = ms(
-        state.provider.default_timeout_ms(),
-        d.javascript.max_timeout_ms,
-    );
-    Ok(match req.payload.as_ref() {
-        Some(session_run_request::Payload::Javascript(js)) => {
-            Job::Snippet(js.code.clone(), snippet_timeout, None)
-        }
-        Some(session_run_request::Payload::Project(p)) => Job::Project(ProjectPlan {
+    let snippet_timeout = d.javascript.timeout(timeout_ms);
+    Ok(match payload {
+        Payload::Javascript(js) => Job::Snippet(js.code.clone(), snippet_timeout, None),
+        Payload::Project(p) => Job::Project(ProjectPlan {
             files: p.files.clone(),
             steps: p.steps.clone(),
             artifacts: p.artifacts.clone(),
-            timeout: ms(
-                state.provider.default_project_timeout_ms(),
-                d.project.max_timeout_ms,
-            ),
+            timeout: d.project.timeout(timeout_ms),
             hold: Hold::default(),
             // Set once the call has lent its grant, holding the turn.
             grant: None,
         }),
-        Some(session_run_request::Payload::Cell(c)) => Job::Cell(CellCall {
+        Payload::Cell(c) => Job::Cell(CellCall {
             language: c.language.clone(),
             code: c.code.clone(),
             files: c.files.clone(),
             timeout: snippet_timeout,
         }),
-        None => {
+        Payload::None | Payload::Module(_) => {
             return Err(Refusal::InvalidRequest(
                 "payload must be exactly one of javascript, project or cell".to_owned(),
             ));
@@ -259,7 +251,7 @@ impl Job {
 struct Call {
     state: Arc<State>,
     entry: Arc<Entry>,
-    arrived: Answer,
+    arrived: Arrival,
     req: SessionRunRequest,
     kind: PayloadKind,
     principal: Principal,
@@ -282,20 +274,32 @@ impl Call {
         }
         self.entry.set_suspended(false);
         // The grant is lent only now: the turn keeps one call's grant on the socket at a time.
+        // What earlier calls left running (cell interpreters) is held stopped first, so only
+        // this call's processes can use it.
         let mut lent = None;
         let job = match &self.profile {
             None => job,
-            Some(profile) => match self.lend(slot.as_ref(), profile, &job).await {
-                Ok(grant) => {
-                    let job = job.with_grant(grant.guest());
-                    lent = Some(grant);
-                    job
+            Some(profile) => {
+                let kept = match sandbox.hold_kept().await {
+                    Ok(kept) => kept,
+                    Err(fault) => {
+                        drop(turn);
+                        return Err(self.refuse_before(fault).into());
+                    }
+                };
+                match self.lend(slot.as_ref(), profile, &job, kept).await {
+                    Ok(grant) => {
+                        let job = job.with_grant(grant.guest());
+                        lent = Some(grant);
+                        job
+                    }
+                    Err(refusal) => {
+                        sandbox.release_kept().await;
+                        drop(turn);
+                        return Err(refusal.into());
+                    }
                 }
-                Err(refusal) => {
-                    drop(turn);
-                    return Err(refusal.into());
-                }
-            },
+            }
         };
         // A session that ends under the call (its lifetime, the drain) cuts the call short:
         // its sandbox is being removed, and what ran is recorded as unanswered.
@@ -318,6 +322,9 @@ impl Call {
             self.state.metrics.host_calls(profile, &summary);
             host_calls = Some(summary);
         }
+        if self.profile.is_some() {
+            sandbox.release_kept().await;
+        }
         let answer = match ran {
             Ok(result) => Ok(self.answer(&mut turn, result, host_calls.as_ref())),
             // Nothing of the call ran, but a cell may have started launching an interpreter:
@@ -330,9 +337,9 @@ impl Call {
                 self.state.sessions.end(&self.entry, reason, &detail);
                 return Err(err);
             }
-            Err(SessionFault::Infrastructure(detail)) => {
+            Err(SessionFault::Infrastructure(cause)) => {
                 self.state.metrics.run_failed();
-                let id = internal(&detail);
+                let id = internal(&cause.to_string());
                 Err(self.unanswered_from(&mut turn, id))
             }
         };
@@ -350,6 +357,7 @@ impl Call {
         slot: Option<&SessionSlot>,
         profile: &str,
         job: &Job,
+        kept_from_earlier_calls: u32,
     ) -> Result<OpenGrant, Refusal> {
         let timeout = match job {
             Job::Snippet(_, timeout, _) => *timeout,
@@ -363,6 +371,7 @@ impl Call {
                 profile,
                 &self.principal,
                 SystemTime::now() + timeout + GRANT_SLACK,
+                kept_from_earlier_calls,
             )
             .await
     }
@@ -381,31 +390,13 @@ impl Call {
                 self.state.sessions.end(&self.entry, reason, &detail);
                 self.ended_refusal()
             }
-            SessionFault::Infrastructure(detail) => {
-                tracing::warn!(error = %detail, "session read-back failed");
+            SessionFault::Infrastructure(cause) => {
+                tracing::warn!(error = %cause, "session read-back failed");
                 Refusal::Environment(
                     "the session's sandbox could not be shown to be the one opened; nothing ran"
                         .to_owned(),
                 )
             }
-        }
-    }
-
-    fn stamp(&self, turn: &TurnGuard) -> Stamp {
-        let s = &self.entry.stated;
-        Stamp {
-            provider: s.sandbox.to_owned(),
-            isolation: s.tier.as_str().to_owned(),
-            environment: s.environment.clone(),
-            policy: s.policy.clone(),
-            software_identity: s.software_identity.clone(),
-            software_rule_id: record::software_rule_id(self.req.software_rule.as_option()),
-            instance: s.instance.clone(),
-            started_unix_ms: self.arrived.started_unix_ms,
-            elapsed: self.arrived.started.elapsed(),
-            session: s.fingerprint.clone(),
-            sequence: turn.sequence + 1,
-            previous_sha256: turn.last_record.clone(),
         }
     }
 
@@ -416,7 +407,7 @@ impl Call {
         host_calls: Option<&RunSummary>,
     ) -> SessionRunResponse {
         let s = &self.entry.stated;
-        let mut resp = RunResponse {
+        let resp = RunResponse {
             sandbox: s.sandbox.to_owned(),
             isolation: s.tier.as_str().to_owned(),
             duration_ms: duration_ms_i64(self.arrived.started.elapsed()),
@@ -426,15 +417,7 @@ impl Call {
             result: Some(result),
             ..Default::default()
         };
-        record::canonicalize_response(&mut resp);
-        let sealed = record::seal(
-            record::session_request_digest(&self.req),
-            record::result_digest(&resp),
-            self.stamp(turn),
-        );
-        turn.sequence += 1;
-        turn.last_record = sealed.record_sha256.clone();
-        resp.record = MessageField::some(sealed);
+        let resp = self.arrived.seal_call(resp, &self.req, s, &mut turn.chain);
         let ended = self.entry.ended();
         let trace = validate::trace_id(&self.req.trace_id);
         tracing::info!(
@@ -442,7 +425,7 @@ impl Call {
             caller = %self.entry.stated.caller,
             session = %short(&self.entry.stated.fingerprint),
             kind = self.kind.as_str(),
-            sequence = turn.sequence,
+            sequence = turn.chain.sequence,
             grant_profile = self.profile.as_deref().unwrap_or_default(),
             host_calls = host_calls.map(|h| h.calls),
             host_calls_denied = host_calls.map(|h| h.denied).filter(|&n| n > 0),
@@ -469,13 +452,12 @@ impl Call {
     }
 
     fn unanswered_from(&self, turn: &mut TurnGuard, err: ConnectError) -> ConnectError {
-        let sealed: RunRecord = record::seal_unanswered(
-            record::session_request_digest(&self.req),
+        let sealed = self.arrived.seal_unanswered_call(
+            &self.req,
             err.code.as_str(),
-            self.stamp(turn),
+            &self.entry.stated,
+            &mut turn.chain,
         );
-        turn.sequence += 1;
-        turn.last_record = sealed.record_sha256.clone();
         let detail = UnansweredCall {
             record: MessageField::some(sealed),
             ..Default::default()
@@ -534,16 +516,23 @@ fn sweep_after(sessions: Arc<Sessions>, entry: Arc<Entry>, mut turn: TurnGuard) 
 // === CloseSession ===
 
 /// Closes a session: the protocol check, the lookup, then the close, which waits for an
-/// in-flight call and for the sandbox's removal. The entry is gone afterwards.
+/// in-flight call and for the sandbox's removal. The entry is gone afterwards. Never
+/// refused for want of a rate token (closing frees what the caller holds), but a refused
+/// close costs one if one is left.
 pub(super) async fn close(
     state: &Arc<State>,
     principal: &Principal,
     req: CloseSessionRequest,
 ) -> Result<CloseSessionResponse, ConnectError> {
-    validate::check_protocol(req.protocol)?;
+    let charged = |refusal: Refusal| {
+        state.admission.spend_token(principal.audit_key());
+        refusal
+    };
+    validate::check_protocol(req.protocol).map_err(charged)?;
     let entry = state
         .sessions
-        .find(&req.session_id, principal.audit_key())?;
+        .find(&req.session_id, principal.audit_key())
+        .map_err(charged)?;
     let sessions = Arc::clone(&state.sessions);
     let closing = Arc::clone(&entry);
     let (calls, last, ended) = tokio::spawn(async move { sessions.close(&closing).await })

@@ -13,6 +13,7 @@ use tokio::time::Instant;
 
 use crate::grant::SessionSlot;
 use crate::provider::{Hold, SessionSandbox};
+use crate::record::Chain;
 
 /// Calls (or a close) that may hold or wait for the turn at once: the holder and one waiter.
 const TURN_QUEUE: u32 = 2;
@@ -84,10 +85,8 @@ struct Life {
 pub struct Turn {
     /// The sandbox, until it is removed.
     pub sandbox: Option<Box<dyn SessionSandbox>>,
-    /// Executed calls so far (unanswered ones included).
-    pub sequence: u64,
-    /// The last record's digest; "" before the first call.
-    pub last_record: String,
+    /// The session's record chain: each call's record is its next link.
+    pub chain: Chain,
     /// The session's admission slot, dropped once the sandbox is gone.
     pub hold: Hold,
     /// The session's broker socket (grants on), closed once the sandbox is gone.
@@ -128,8 +127,7 @@ impl Entry {
             }),
             turn: Arc::new(tokio::sync::Mutex::new(Turn {
                 sandbox: Some(sandbox),
-                sequence: 0,
-                last_record: String::new(),
+                chain: Chain::default(),
                 hold,
                 slot,
             })),

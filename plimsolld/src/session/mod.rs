@@ -93,13 +93,15 @@ impl Sessions {
             .count()
     }
 
-    /// Opens a session: caps, admission, a replaced session for the owner's cap, then the
-    /// provider's sandbox, with `slot`'s socket mounted when grants are on. `stated` is
-    /// completed with the id and what the provider opened.
+    /// Opens a session: caps, admission, a replaced session for the owner's cap, the
+    /// broker's socket (`slot`, awaited only once the open is admitted, so a refused open
+    /// never reaches the broker), then the provider's sandbox, with the slot's socket
+    /// mounted when there is one. `stated` is completed with the id and what the provider
+    /// opened.
     pub async fn open(
         self: &Arc<Self>,
         terms: OpenTerms,
-        slot: Option<SessionSlot>,
+        slot: impl Future<Output = Option<SessionSlot>>,
         stated: impl FnOnce(&OpenedSession) -> Stated,
     ) -> Result<Arc<Entry>, ProviderError> {
         let _opening = self.opening.lock().await;
@@ -111,6 +113,7 @@ impl Sessions {
         }
         let victim = self.check_caps(&terms)?;
         let permit = self.admission.admit(&terms.caller)?;
+        let slot = slot.await;
         if let Some(victim) = victim {
             self.end(
                 &victim,
@@ -124,7 +127,10 @@ impl Sessions {
                 lifetime: terms.lifetime,
                 languages: terms.languages.clone(),
                 disk_mb: self.config.disk_mb,
-                host_socket: slot.as_ref().map(|s| s.socket().to_owned()),
+                host_socket: slot
+                    .as_ref()
+                    .and_then(|s| s.access().socket())
+                    .map(std::path::Path::to_owned),
             })
             .await?;
         let stated = stated(&opened);
@@ -281,5 +287,5 @@ async fn remove_sandbox(entry: &Entry) -> (u64, String) {
         drop(std::mem::take(&mut turn.hold));
         entry.mark_gone();
     }
-    (turn.sequence, turn.last_record.clone())
+    (turn.chain.sequence, turn.chain.last_record.clone())
 }

@@ -1,6 +1,7 @@
-//! The session table's own logic, on short real timeouts: idle suspend, unclaimed, lifetime, the
-//! turn's queue, the owner cap and the slot released only after removal. The sandbox is a
-//! recording stand-in; what a real sandbox does is tested end to end in `tests/`.
+//! The session table's own logic on tokio's paused clock (time moves only when every task
+//! waits, so the timeouts are exact and cost no wall time): idle suspend, unclaimed,
+//! lifetime, the turn's queue, the owner cap and the slot released only after removal. The
+//! sandbox is a recording stand-in; what a real sandbox does is tested end to end in `tests/`.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -141,7 +142,7 @@ async fn open_for(
     };
     let expires_at = tokio::time::Instant::now() + terms.lifetime;
     sessions
-        .open(terms, None, |_| Stated {
+        .open(terms, std::future::ready(None), |_| Stated {
             fingerprint: plimsoll::record::session_fingerprint(&id),
             id: id.clone(),
             caller: "c".to_owned(),
@@ -177,7 +178,7 @@ async fn until(what: &str, done: impl Fn() -> bool) {
     panic!("{what} did not happen within 5 s");
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn an_unclaimed_session_closes_at_its_first_idle_timeout_and_frees_its_slot() {
     let (sessions, log, admission) = table(config(), 4);
     let entry = open(&sessions, "", Duration::from_millis(200)).await;
@@ -190,7 +191,7 @@ async fn an_unclaimed_session_closes_at_its_first_idle_timeout_and_frees_its_slo
     assert_eq!(admission.in_flight(), 0, "released after the removal");
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn a_claimed_idle_session_is_suspended_once_and_expires_at_its_lifetime() {
     let (sessions, log, _) = table(config(), 4);
     let entry = open_for(
@@ -216,7 +217,7 @@ async fn a_claimed_idle_session_is_suspended_once_and_expires_at_its_lifetime() 
     assert_eq!(log.finished.load(Ordering::SeqCst), 1);
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn one_call_may_wait_for_the_turn_and_a_third_is_refused() {
     let (sessions, _, _) = table(config(), 4);
     let entry = open(&sessions, "", Duration::ZERO).await;
@@ -237,7 +238,7 @@ async fn one_call_may_wait_for_the_turn_and_a_third_is_refused() {
     );
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn the_owner_cap_replaces_the_idle_session_and_refuses_when_all_are_busy() {
     let caps = SessionConfig {
         per_owner: 1,
@@ -260,7 +261,7 @@ async fn the_owner_cap_replaces_the_idle_session_and_refuses_when_all_are_busy()
                 lifetime: Duration::from_secs(60),
                 languages: Vec::new(),
             },
-            None,
+            async { unreachable!("a refused open never asks the broker for a socket") },
             |_| unreachable!("refused before the provider is asked"),
         )
         .await;
@@ -270,7 +271,7 @@ async fn the_owner_cap_replaces_the_idle_session_and_refuses_when_all_are_busy()
     ));
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn the_drain_refuses_opens_and_removes_every_sandbox() {
     let (sessions, log, admission) = table(config(), 4);
     let a = open(&sessions, "", Duration::ZERO).await;
@@ -290,7 +291,7 @@ async fn the_drain_refuses_opens_and_removes_every_sandbox() {
                 lifetime: Duration::from_secs(60),
                 languages: Vec::new(),
             },
-            None,
+            async { unreachable!("a refused open never asks the broker for a socket") },
             |_| unreachable!("refused while draining"),
         )
         .await;

@@ -1,8 +1,8 @@
-//! Admission after validation (wire.md §6.1 step 8): the rate limit sheds at once and is
-//! counted; refused and Describe requests spend nothing.
+//! Admission: the rate limit sheds at once and is counted; every request pays its token
+//! first, refused or not (issue 12, part 1), and Describe spends nothing.
 
 use plimsoll_tests::Daemon;
-use plimsoll_tests::connect::{self, Reason, assert_disabled, assert_invalid, assert_refused};
+use plimsoll_tests::connect::{self, Reason, assert_disabled, assert_refused};
 use plimsoll_tests::http1::Request;
 use serde_json::json;
 
@@ -35,33 +35,50 @@ fn rate_limit_sheds_with_capacity_and_is_counted() {
     );
 }
 
+/// Every request refused after authentication pays its rate token (issue 12, part 1; the
+/// README's rate rule), so a caller cannot make the daemon refuse faster than its rate. On
+/// main before the fix refused requests spent nothing and this failed.
 #[test]
-fn refused_requests_spend_no_rate_token() {
-    let d = one_run_per_minute();
+fn refused_requests_pay_their_rate_token() {
     for body in [
         connect::javascript(""),
-        connect::javascript_with_floor("1", "none"),
+        connect::javascript_with_floor("1", "kernel"),
         json!({ "javascript": { "code": "1" } }),
     ] {
-        connect::call("Run", &body).send(d.addr);
+        let d = one_run_per_minute();
+        let req = connect::call("Run", &body);
+        let resp = req.send(d.addr);
+        assert_ne!(resp.status, 200, "{resp}");
+        assert!(
+            !connect::ConnectError::of(&resp)
+                .message
+                .contains("rate limit"),
+            "{resp}"
+        );
+        let req = connect::call("Run", &connect::javascript("1"));
+        assert_refused(
+            &req.send(d.addr),
+            &req,
+            "resource_exhausted",
+            Reason::Capacity,
+        );
     }
-    let req = connect::call("Run", &connect::javascript_with_floor("1", "kernel"));
-    assert_refused(
-        &req.send(d.addr),
-        &req,
-        "failed_precondition",
-        Reason::Isolation,
-    );
-    let req = connect::call("Run", &connect::javascript("1"));
-    assert_disabled(&req.send(d.addr), &req);
 }
 
+/// The token is the first thing a request pays, before validation: with the bucket empty
+/// even a malformed request gets the rate refusal, at once (issue 12, part 1; a deliberate
+/// difference from wire.md §6.1, where the token is taken at step 8).
 #[test]
-fn validation_still_answers_after_the_bucket_is_empty() {
+fn an_empty_bucket_refuses_before_validation() {
     let d = one_run_per_minute();
     connect::call("Run", &connect::javascript("1")).send(d.addr);
     let req = connect::call("Run", &connect::javascript(""));
-    assert_invalid(&req.send(d.addr), &req);
+    assert_refused(
+        &req.send(d.addr),
+        &req,
+        "resource_exhausted",
+        Reason::Capacity,
+    );
 }
 
 #[test]

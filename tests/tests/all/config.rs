@@ -283,6 +283,33 @@ fn sigterm_drains_and_exits_0() {
     );
 }
 
+/// `PLIMSOLL_ADDR_FILE` is how a script (scripts/run-main) learns a `:0` port without
+/// reading the log: the file names the bound address, which answers, while the daemon
+/// serves, and it is gone once the daemon has stopped.
+#[test]
+fn the_addr_file_names_the_bound_address_while_serving_and_goes_at_exit() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("plimsolld.addr");
+    let mut d = Daemon::start(&[("PLIMSOLL_ADDR_FILE", file.to_str().unwrap())]);
+    let written = std::fs::read_to_string(&file).unwrap();
+    assert_eq!(written, format!("{}\n", d.addr));
+    let addr: std::net::SocketAddr = written.trim().parse().unwrap();
+    assert_eq!(connect::call("Describe", &json!({})).send(addr).status, 200);
+    assert_eq!(d.sigterm().code(), Some(0), "{}", d.logs().join("\n"));
+    assert!(!file.exists(), "the file is removed at exit");
+    assert_eq!(
+        std::fs::read_dir(dir.path()).unwrap().count(),
+        0,
+        "nothing else is left beside it"
+    );
+}
+
+#[test]
+fn an_addr_file_that_cannot_be_written_fails_the_start() {
+    let out = refused_start(&[("PLIMSOLL_ADDR_FILE", "/nonexistent/plimsoll/addr")]);
+    assert_error_line(&out, "PLIMSOLL_ADDR_FILE /nonexistent/plimsoll/addr");
+}
+
 /// The handlers are in place by the time the listening line is logged: a supervisor
 /// that stops the daemon as soon as it listens still gets a clean exit.
 #[test]

@@ -21,7 +21,8 @@ async fn the_control_socket_is_private_and_answers_hello() {
         .mode();
     assert_eq!(parent & 0o777, 0o700);
     let hello = broker.client().hello().await.unwrap();
-    assert_eq!((hello.version, hello.generation, hello.profiles), (1, 1, 1));
+    assert_eq!((hello.version, hello.generation, hello.profiles), (3, 1, 1));
+    assert!(!hello.guard, "no guard socket was asked for");
 }
 
 #[tokio::test]
@@ -99,4 +100,66 @@ async fn help_lists_every_variable() {
     ] {
         assert!(help.contains(name), "{help}");
     }
+}
+
+/// Sends `hello` on `stream` and reads one answer line (empty when the broker closed the
+/// connection without a word), within `within`.
+async fn hello_on(stream: &mut UnixStream, within: Duration) -> String {
+    stream.write_all(b"{\"op\":\"hello\"}\n").await.unwrap();
+    let mut answer = Vec::new();
+    let read = async {
+        let mut byte = [0u8; 1];
+        while stream.read(&mut byte).await.unwrap_or(0) == 1 && byte[0] != b'\n' {
+            answer.push(byte[0]);
+        }
+    };
+    tokio::time::timeout(within, read)
+        .await
+        .expect("an answer or a close in time");
+    String::from_utf8_lossy(&answer).into_owned()
+}
+
+/// Past its 64 connections the control socket makes a newcomer wait for a turn (up to
+/// 2 s), then refuses it with a `capacity` line: back-pressure, never a silent drop.
+///
+/// This is a regression test (issue 12, part 1): it fails on main before the fix, whose
+/// control server dropped the 65th connection at once without an answer (a
+/// `try_acquire`, else `drop(stream)`), and passes after.
+#[tokio::test]
+async fn past_its_cap_the_control_socket_makes_a_newcomer_wait_then_refuses_it_with_a_word() {
+    let api = TestApi::start();
+    let broker = Broker::start(
+        &api,
+        &grants(json!({"inv": jwt_profile(&api, "JWT_SECRET_A", &[])})),
+    )
+    .await;
+    // 64 connections, each answered once, so each surely holds a turn.
+    let mut held = Vec::new();
+    for _ in 0..64 {
+        let mut stream = UnixStream::connect(&broker.socket).await.unwrap();
+        assert!(hello_on(&mut stream, WAIT).await.contains("\"hello\""));
+        held.push(stream);
+    }
+    // A newcomer waits; a turn that comes free within the wait is its.
+    let mut waiting = UnixStream::connect(&broker.socket).await.unwrap();
+    let freed = async {
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        held.pop();
+    };
+    let (answer, ()) = tokio::join!(hello_on(&mut waiting, WAIT), freed);
+    assert!(answer.contains("\"hello\""), "{answer:?}");
+    held.push(waiting);
+    // With every turn kept, the next one is refused after the wait, with a word.
+    let started = Instant::now();
+    let mut refused = UnixStream::connect(&broker.socket).await.unwrap();
+    let answer = hello_on(&mut refused, WAIT).await;
+    assert!(
+        answer.contains("\"refused\"") && answer.contains("\"capacity\""),
+        "{answer:?}"
+    );
+    assert!(
+        started.elapsed() >= Duration::from_millis(1_500),
+        "refused before the wait: {:?}",
+        started.elapsed()
+    );
 }

@@ -15,7 +15,7 @@ async fn an_allowed_route_reaches_the_api_with_a_jwt_bound_to_the_principal() {
     let run = open_request("alice", "inv", 10_000);
     let opened_at = now_ms() / 1000;
     let grant = broker.client().open(&run).await.unwrap().unwrap();
-    assert!(grant.socket.is_absolute() && grant.socket.ends_with("host-api.sock"));
+    assert!(socket_of(&grant).is_absolute() && unguessable(&socket_of(&grant)));
     assert_eq!(grant.global, "host");
     assert_eq!(grant.allow.len(), 1);
     assert_eq!(
@@ -94,7 +94,9 @@ async fn routes_outside_the_profile_are_refused_and_never_reach_the_api() {
         ("POST", "/orders?x=1"),
         ("GET", "http://evil.example/items/abc"),
     ] {
-        let answer = call(&grant.socket, method, target, &[], b"").await.unwrap();
+        let answer = call(&socket_of(&grant), method, target, &[], b"")
+            .await
+            .unwrap();
         assert_eq!(answer.status, 403, "{method} {target}: {}", answer.text());
         assert_eq!(answer.text(), "forbidden by sandbox capability allowlist\n");
         assert!(
@@ -122,7 +124,7 @@ async fn guest_headers_are_never_forwarded() {
     .await;
     let grant = broker.open("alice", "inv").await;
     let answer = call(
-        &grant.socket,
+        &socket_of(&grant),
         "POST",
         "/orders",
         &[
@@ -271,7 +273,7 @@ async fn a_request_body_over_1_mib_is_refused_413() {
     .await;
     let grant = broker.open("alice", "inv").await;
     let body = vec![b'1'; 1024 * 1024 + 1];
-    let answer = call(&grant.socket, "POST", "/orders", &[], &body).await;
+    let answer = call(&socket_of(&grant), "POST", "/orders", &[], &body).await;
     // The broker may answer before the guest finished sending; either way nothing upstream.
     let answer = answer.expect("an answer");
     assert_eq!(answer.status, 413, "{}", answer.text());
@@ -289,12 +291,12 @@ async fn route_caps_are_charged_case_insensitively_and_refuse_past_the_cap() {
     let run = open_request("alice", "inv", 20_000);
     let grant = broker.client().open(&run).await.unwrap().unwrap();
     for _ in 0..2 {
-        let answer = call(&grant.socket, "POST", "/v2/run", &[], b"{}")
+        let answer = call(&socket_of(&grant), "POST", "/v2/run", &[], b"{}")
             .await
             .unwrap();
         assert_eq!(answer.status, 200, "{}", answer.text());
     }
-    let capped = call(&grant.socket, "POST", "/v2/run", &[], b"{}")
+    let capped = call(&socket_of(&grant), "POST", "/v2/run", &[], b"{}")
         .await
         .unwrap();
     assert_eq!(capped.status, 429);
@@ -322,7 +324,7 @@ async fn at_most_16_calls_are_in_flight_per_run() {
     let grant = broker.open("alice", "inv").await;
     let calls: Vec<_> = (0..17)
         .map(|_| {
-            let socket = grant.socket.clone();
+            let socket = socket_of(&grant).clone();
             tokio::spawn(async move { call(&socket, "GET", "/slow", &[], b"").await.unwrap() })
         })
         .collect();
@@ -386,7 +388,7 @@ async fn a_refusal_given_before_the_body_arrives_reaches_the_guest_on_a_usable_c
     )
     .await;
     let grant = broker.open("alice", "inv").await;
-    let mut stream = UnixStream::connect(&grant.socket).await.unwrap();
+    let mut stream = UnixStream::connect(socket_of(&grant)).await.unwrap();
     // The route is refused from the head alone; the body comes after the broker has decided.
     stream
         .write_all(b"POST /admin HTTP/1.1\r\nhost: api\r\ncontent-length: 5\r\n\r\n")

@@ -36,13 +36,13 @@ async fn a_session_socket_serves_only_the_grant_lent_to_it() {
     let client = broker.client();
     let (slot, socket) = broker.open_session(60_000).await;
     let dir = socket.parent().unwrap().to_owned();
-    assert!(socket.is_absolute() && socket.ends_with("host-api.sock"));
+    assert!(socket.is_absolute() && crate::unguessable(&socket));
     assert!(
         dir.file_name()
             .unwrap()
             .to_str()
             .unwrap()
-            .starts_with("crsbx-session-broker"),
+            .starts_with("crsbx-broker-"),
         "{}",
         dir.display()
     );
@@ -61,8 +61,12 @@ async fn a_session_socket_serves_only_the_grant_lent_to_it() {
 
     let first = lend_request("alice", "sess", &slot);
     let grant = client.open(&first).await.unwrap().unwrap();
-    assert_eq!(grant.socket, socket, "a lent run gets the session's socket");
-    let answer = get(&grant, "/items/abc").await;
+    assert_eq!(
+        grant.reach,
+        Reach::SessionSlot,
+        "a lent run is reached at the session's socket"
+    );
+    let answer = call(&socket, "GET", "/items/abc", &[], b"").await.unwrap();
     assert_eq!(answer.status, 200, "{}", answer.text());
     assert_eq!(answer.text(), r#"{"id":"abc"}"#);
     let seen = api.requests();
@@ -79,8 +83,14 @@ async fn a_session_socket_serves_only_the_grant_lent_to_it() {
     // A second call lends its own grant on the same path, with its own token.
     let second = lend_request("alice", "sess", &slot);
     let grant = client.open(&second).await.unwrap().unwrap();
-    assert_eq!(grant.socket, socket);
-    assert_eq!(get(&grant, "/items/abc").await.status, 200);
+    assert_eq!(grant.reach, Reach::SessionSlot);
+    assert_eq!(
+        call(&socket, "GET", "/items/abc", &[], b"")
+            .await
+            .unwrap()
+            .status,
+        200
+    );
     let seen = api.requests();
     assert_eq!(seen.len(), 2);
     assert_ne!(
@@ -91,10 +101,8 @@ async fn a_session_socket_serves_only_the_grant_lent_to_it() {
 
     // Closing the session closes the grant still lent and removes the socket.
     client.close_session(&slot).await.unwrap();
-    assert!(
-        !socket.exists() && !dir.exists(),
-        "socket and directory must be gone"
-    );
+    // The socket goes; the directory is the broker's and stays while it lives.
+    assert!(!socket.exists() && dir.exists(), "the socket must be gone");
     assert!(call(&socket, "GET", "/items/abc", &[], b"").await.is_none());
     let log = broker.wait_log(r#""end":"session_closed""#).await;
     assert!(log.contains(&second.run), "{log}");
@@ -145,10 +153,7 @@ async fn bad_lends_and_bad_sessions_are_refused() {
     let r = refused(&client, &lend_request("alice", "sess", &slot)).await;
     assert_eq!(
         (r.reason, r.message.as_str()),
-        (
-            RefusalReason::Request,
-            "the session's socket is already lent"
-        )
+        (RefusalReason::Request, "the session's slot is already lent")
     );
     // Once taken back, the slot can be lent again.
     client.close(&lent.run).await.unwrap();
@@ -162,6 +167,7 @@ async fn bad_lends_and_bad_sessions_are_refused() {
                 .open_session(&OpenSession {
                     session,
                     deadline_unix_ms,
+                    delivery: Delivery::Socket,
                 })
                 .await
                 .unwrap()
@@ -223,7 +229,7 @@ async fn route_caps_count_for_the_whole_session() {
     // A plain run of the same profile still gets fresh counts.
     let plain = open_request("alice", "capped", 20_000);
     let grant = client.open(&plain).await.unwrap().unwrap();
-    assert_ne!(grant.socket, socket);
+    assert_ne!(socket_of(&grant), socket);
     for _ in 0..2 {
         assert_eq!(get(&grant, "/items/abc").await.status, 200);
     }
@@ -269,7 +275,7 @@ async fn a_session_past_its_deadline_is_removed_by_the_broker() {
         gone_after >= Duration::from_millis(5_500),
         "removed before the grace ran out: {gone_after:?}"
     );
-    assert!(!dir.exists());
+    assert!(dir.exists(), "the broker's directory stays while it lives");
     assert!(call(&socket, "GET", "/items/abc", &[], b"").await.is_none());
     match client.close_session(&slot).await {
         Err(ControlError::Refused(r)) => assert_eq!(r.message, "unknown session"),

@@ -74,19 +74,32 @@ fn raw_flags(work: bool) -> Vec<String> {
     flags
 }
 
-/// Runs `docker` with `args`, `stdin` on its stdin; returns its stdout.
+/// `docker run` with the flags and `/work`, running `script` with `sh -c` in image `id`
+/// behind the start script, as a project step runs.
+fn raw_shell(id: &str, script: &str) -> Vec<String> {
+    let mut flags = raw_flags(true);
+    flags.extend(
+        [
+            id,
+            "-i",
+            GUEST_PATH,
+            "/bin/sh",
+            "-c",
+            START_SCRIPT,
+            "sh",
+            "plimsoll-started:0000000000000000",
+            "sh",
+            "-c",
+            script,
+        ]
+        .map(str::to_owned),
+    );
+    flags
+}
+
+/// Runs `docker` with `args`, `stdin` on its stdin; returns its stdout as text.
 fn raw_run(args: &[String], stdin: &[u8]) -> String {
-    use std::io::Write as _;
-    let mut child = Command::new("docker")
-        .args(args)
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::null())
-        .spawn()
-        .unwrap();
-    child.stdin.take().unwrap().write_all(stdin).unwrap();
-    let out = child.wait_with_output().unwrap();
-    String::from_utf8_lossy(&out.stdout).into_owned()
+    String::from_utf8_lossy(&raw_bytes(args, stdin)).into_owned()
 }
 
 fn percentile(sorted: &[f64], p: f64) -> f64 {
@@ -105,7 +118,7 @@ fn bench_daemon_against_raw_docker_run() {
         .and_then(|v| v.parse().ok())
         .unwrap_or(30);
     let d = Daemon::start(&env_with(&[]));
-    let id = image_id(SNIPPET_IMAGE);
+    let id = image_id(snippet_image());
     let mut flags = raw_flags(false);
     flags.extend(
         [
@@ -178,7 +191,7 @@ fn bench_projects_against_raw_docker_run() {
         .and_then(|v| v.parse().ok())
         .unwrap_or(20);
     let d = Daemon::start(&env_with(&[]));
-    let id = image_id(PROJECT_IMAGE);
+    let id = image_id(project_image());
     let cases = [
         (
             "js 2 steps",
@@ -201,23 +214,7 @@ fn bench_projects_against_raw_docker_run() {
         });
         // The raw run writes the file from its stdin, then runs the same steps.
         let script = format!("cat > {file} && {}", steps.join(" && "));
-        let mut flags = raw_flags(true);
-        flags.extend(
-            [
-                id.as_str(),
-                "-i",
-                GUEST_PATH,
-                "/bin/sh",
-                "-c",
-                START_SCRIPT,
-                "sh",
-                "plimsoll-started:0000000000000000",
-                "sh",
-                "-c",
-                script.as_str(),
-            ]
-            .map(str::to_owned),
-        );
+        let flags = raw_shell(&id, &script);
         let (daemon_ms, raw_ms) = interleaved(
             n,
             || {
@@ -236,4 +233,105 @@ fn bench_projects_against_raw_docker_run() {
         );
     }
     stop(d);
+}
+
+/// A 1,000-row table of the damped oscillator (10 time units in steps of 0.1: 100 steps of 2
+/// outputs a row) through the daemon, against `sim-worker` run directly in a `docker run`
+/// with the same flags, the same module image and the same table (written by `sh` from
+/// stdin, the results file read back on stdout), interleaved. Prints p50/p95 of both, the
+/// ratio, and rows per second at p50. `PLIMSOLL_BENCH_N` sets the repetitions (default 20).
+#[test]
+#[ignore = "benchmark: cargo test -p plimsoll-tests --test docker -- --ignored --nocapture bench_module"]
+fn bench_module_oscillator_against_the_worker_in_a_container() {
+    require_docker!();
+    if !plimsoll_tests::docker::module_image_ready() {
+        return;
+    }
+    const ROWS: usize = 1000;
+    let n: usize = std::env::var("PLIMSOLL_BENCH_N")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(20);
+    let module_image = plimsoll_tests::docker::module_image();
+    let d = Daemon::start(&env_with(&[("SANDBOX_DOCKER_MODULE_IMAGE", module_image)]));
+    let table: Vec<[f64; 4]> = (0..ROWS)
+        .map(|i| {
+            let f = i as f64 / ROWS as f64;
+            [0.5 + 2.0 * f, 0.05 + 0.5 * f, 1.0 - f, f]
+        })
+        .collect();
+    let body = json!({
+        "protocol": connect::PROTOCOL,
+        "timeoutMs": 60_000,
+        "module": {
+            "model": "damped-oscillator",
+            "rows": table.iter().map(|r| json!({ "values": r })).collect::<Vec<_>>(),
+            "endTime": 10.0,
+            "step": 0.1,
+        },
+    });
+    // The table as the daemon writes it (shortest round-trip decimals, one row a line).
+    let text: String = table
+        .iter()
+        .map(|r| format!("{:e} {:e} {:e} {:e}\n", r[0], r[1], r[2], r[3]))
+        .collect();
+    let id = image_id(module_image);
+    let script = "cat > params.txt && sim-worker --table damped-oscillator params.txt results.bin 1e1 1e-1 8388608 58000 && cat results.bin";
+    let flags = raw_shell(&id, script);
+    // Header, then per row a status and 100 steps × 2 outputs.
+    let file_bytes = 20 + ROWS * (4 + 100 * 2 * 8);
+    // The answers are checked after the timing: parsing 4 MB of JSON in this (debug) test
+    // binary is the caller's cost, not the daemon's; the raw side only counts its bytes too.
+    let answers = std::cell::RefCell::new(Vec::new());
+    let (daemon_ms, raw_ms) = interleaved(
+        n,
+        || {
+            answers
+                .borrow_mut()
+                .push(send(d.addr, &connect::call("Run", &body)))
+        },
+        || assert_eq!(raw_bytes(&flags, text.as_bytes()).len(), file_bytes),
+    );
+    stop(d);
+    for resp in answers.into_inner() {
+        assert_eq!(resp.status, 200, "{resp}");
+        let v = resp.json();
+        let m = &v["module"];
+        assert_eq!(m["outcome"], "PROJECT_OUTCOME_COMPLETED", "{m}");
+        let runs = m["runs"].as_array().expect("runs");
+        assert_eq!(runs.len(), ROWS);
+        assert!(runs.iter().all(|r| r["status"] == 100));
+    }
+    report(
+        &format!("{} module oscillator {ROWS} rows", runtime()),
+        n,
+        &daemon_ms,
+        &raw_ms,
+    );
+    let rows_per_s = |sorted: &[f64]| ROWS as f64 / (percentile(sorted, 50.0) / 1000.0);
+    println!(
+        "bench docker {} module rows/s at p50: daemon {:.0} | sim-worker in docker run {:.0}",
+        runtime(),
+        rows_per_s(&daemon_ms),
+        rows_per_s(&raw_ms)
+    );
+}
+
+/// Runs `docker` with `args`, `stdin` on its stdin; returns its stdout.
+fn raw_bytes(args: &[String], stdin: &[u8]) -> Vec<u8> {
+    use std::io::Write as _;
+    let mut child = Command::new("docker")
+        .args(args)
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut input = child.stdin.take().unwrap();
+    let stdin = stdin.to_vec();
+    // The table may not fit the pipe: write it beside reading the answer.
+    let writer = std::thread::spawn(move || input.write_all(&stdin));
+    let out = child.wait_with_output().unwrap();
+    writer.join().unwrap().unwrap();
+    out.stdout
 }

@@ -54,7 +54,7 @@ fn orphans_of_this_machine_are_swept_at_startup() {
             "io.plimsoll.instance=0000000000000000",
             "--network",
             "none",
-            SNIPPET_IMAGE,
+            snippet_image(),
         ]);
         assert!(ok, "{id}");
         id
@@ -158,10 +158,10 @@ fn startup_refuses_what_it_cannot_prove() {
 fn a_moved_image_tag_makes_the_daemon_not_ready_until_restart() {
     require_docker!();
     let tag = format!("plimsoll/test-moving:{}", std::process::id());
-    assert!(docker(&["tag", SNIPPET_IMAGE, &tag]).0);
+    assert!(docker(&["tag", snippet_image(), &tag]).0);
     let d = Daemon::start(&env_with(&[("SANDBOX_DOCKER_IMAGE", &tag)]));
     assert_eq!(run(&d, "console.log(1)", 10_000).exit_code, 0);
-    assert!(docker(&["tag", PROJECT_IMAGE, &tag]).0);
+    assert!(docker(&["tag", project_image(), &tag]).0);
     // Past the 5 s preflight cache.
     std::thread::sleep(Duration::from_secs(6));
     let ready = Request::get("/readyz").send(d.addr);
@@ -190,7 +190,7 @@ fn the_shipped_seccomp_profile_denies_namespaces_mounts_keys_and_ptrace_under_ru
     // The project image, so the snippet (node) can also start python for raw syscalls.
     let d = Daemon::start(&env_with(&[
         ("SANDBOX_DOCKER_SECCOMP", profile),
-        ("SANDBOX_DOCKER_IMAGE", PROJECT_IMAGE),
+        ("SANDBOX_DOCKER_IMAGE", project_image()),
     ]));
     let python = "import ctypes, os, json
 libc = ctypes.CDLL(None, use_errno=True)
@@ -226,7 +226,7 @@ print(json.dumps({'unshare': call(272, 0x10000000), 'mount': call(165, 0, 0, 0, 
 #[test]
 fn images_pinned_by_content_id_serve_and_tags_are_refused_when_pinning_is_required() {
     require_docker!();
-    let (snippet, project) = (image_id(SNIPPET_IMAGE), image_id(PROJECT_IMAGE));
+    let (snippet, project) = (image_id(snippet_image()), image_id(project_image()));
     let d = Daemon::start(&env_with(&[
         ("SANDBOX_REQUIRE_PINNED_IMAGES", "1"),
         ("SANDBOX_DOCKER_IMAGE", &snippet),

@@ -8,7 +8,12 @@ use plimsoll::wire::{RunRequest, RunResponse};
 use super::*;
 
 /// A project request body.
-fn project(files: &[(&str, &str)], steps: &[&str], artifacts: &[&str], timeout_ms: u32) -> Value {
+pub(super) fn project(
+    files: &[(&str, &str)],
+    steps: &[&str],
+    artifacts: &[&str],
+    timeout_ms: u32,
+) -> Value {
     let mut body = connect::project(files, steps);
     body["project"]["artifacts"] = json!(artifacts);
     body["timeoutMs"] = json!(timeout_ms);
@@ -16,7 +21,7 @@ fn project(files: &[(&str, &str)], steps: &[&str], artifacts: &[&str], timeout_m
 }
 
 /// Runs a project, expects an answer, and verifies its record against the request.
-fn run_project(d: &Daemon, body: &Value) -> Value {
+pub(super) fn run_project(d: &Daemon, body: &Value) -> Value {
     let resp = send(d.addr, &connect::call("Run", body));
     assert_eq!(resp.status, 200, "{body}: {resp}");
     let v = resp.json();
@@ -25,7 +30,7 @@ fn run_project(d: &Daemon, body: &Value) -> Value {
     record::check_single(&record::request_digest(&req), None, &answer)
         .unwrap_or_else(|e| panic!("record does not verify ({e}): {v}"));
     assert_eq!(v["isolation"], tier(), "{v}");
-    assert_eq!(v["environment"], image_id(PROJECT_IMAGE), "{v}");
+    assert_eq!(v["environment"], image_id(project_image()), "{v}");
     v
 }
 
@@ -35,14 +40,14 @@ fn outcome(v: &Value) -> &str {
         .unwrap_or("PROJECT_OUTCOME_UNSPECIFIED")
 }
 
-fn steps(v: &Value) -> Vec<Value> {
+pub(super) fn steps(v: &Value) -> Vec<Value> {
     v["project"]["steps"]
         .as_array()
         .cloned()
         .unwrap_or_default()
 }
 
-fn exit_code(step: &Value) -> i64 {
+pub(super) fn exit_code(step: &Value) -> i64 {
     step["exitCode"].as_i64().unwrap_or(0)
 }
 
@@ -53,7 +58,7 @@ fn describe_states_projects_with_the_proven_languages() {
     let v = send(d.addr, &connect::call("Describe", &json!({}))).json();
     assert_eq!(v["supportsProject"], true, "{v}");
     let env = &v["projectEnvironment"];
-    assert_eq!(env["identity"], image_id(PROJECT_IMAGE), "{v}");
+    assert_eq!(env["identity"], image_id(project_image()), "{v}");
     assert_eq!(env["maxTimeoutMs"], 120_000, "{v}");
     assert_eq!(env["languages"], json!(["javascript", "python"]), "{v}");
 }

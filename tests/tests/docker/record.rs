@@ -13,11 +13,11 @@ fn the_daemon_proves_the_runtimes_tier_and_describes_it() {
     assert_eq!(v["sandbox"], "docker");
     assert_eq!(v["isolation"], tier());
     let js = &v["javascriptEnvironment"];
-    assert_eq!(js["identity"], image_id(SNIPPET_IMAGE), "{v}");
+    assert_eq!(js["identity"], image_id(snippet_image()), "{v}");
     assert_eq!(js["maxTimeoutMs"], 30_000, "{v}");
     assert_eq!(
         v["projectEnvironment"]["identity"],
-        image_id(PROJECT_IMAGE),
+        image_id(project_image()),
         "{v}"
     );
     let proof = d
@@ -55,7 +55,7 @@ fn a_snippet_answers_with_its_output_environment_and_instance() {
     );
     let record = &ran.resp["record"];
     assert_eq!(ran.resp["isolation"], tier());
-    assert_eq!(record["environment"], image_id(SNIPPET_IMAGE));
+    assert_eq!(record["environment"], image_id(snippet_image()));
     let instance = ran.resp["instance"].as_str().unwrap_or_default();
     let id = instance
         .strip_prefix("docker-container:")

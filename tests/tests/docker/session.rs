@@ -1,7 +1,7 @@
 //! Sessions on docker (wire.md §7, records.md §7, providers.md §9) through a real daemon:
-//! files kept in `/work` between calls, the sweep between calls, the chain and the close
-//! totals, the lifetime, idle suspend and resume, `unclaimed`, the caps and `replaced`, a
-//! foreign caller's id, and the drain.
+//! files kept in `/work` between calls, a `/work` its guest owns, the sweep between calls,
+//! the chain and the close totals, the lifetime, idle suspend and resume, `unclaimed`, the
+//! caps and `replaced`, a foreign caller's id, and the drain.
 
 use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
@@ -23,7 +23,7 @@ const NOT_FOUND: u8 = 9;
 const UNCLAIMED: u8 = 10;
 
 /// The daemon the session tests share: sessions on, generous caps.
-fn sessions() -> Arc<Shared> {
+pub(super) fn sessions() -> Arc<Shared> {
     static SHARED: Mutex<Weak<Shared>> = Mutex::new(Weak::new());
     let mut slot = SHARED.lock().unwrap_or_else(|e| e.into_inner());
     if let Some(d) = slot.upgrade() {
@@ -58,7 +58,7 @@ fn open_as(d: &Daemon, token: Option<&str>, extra: Value) -> (String, Value) {
     (id, v)
 }
 
-fn open(d: &Daemon, extra: Value) -> (String, Value) {
+pub(super) fn open(d: &Daemon, extra: Value) -> (String, Value) {
     open_as(d, None, extra)
 }
 
@@ -77,7 +77,7 @@ fn js(d: &Daemon, id: &str, code: &str) -> Value {
     resp.json()["run"].clone()
 }
 
-fn close_as(d: &Daemon, token: Option<&str>, id: &str) -> Response {
+pub(super) fn close_as(d: &Daemon, token: Option<&str>, id: &str) -> Response {
     call(
         d,
         token,
@@ -222,6 +222,34 @@ fn a_snippet_session_keeps_work_files_and_chains_its_records() {
     assert_eq!(container_state(&container), None, "the container is gone");
     let again = ConnectError::of(&close_as(&d, None, &id));
     assert_eq!(again.code, "not_found");
+}
+
+/// The work directory belongs to the guest (issue 15, item 4): session code sets the mode
+/// and times of `/work` itself, as a client's `tar -x` of a saved tree does, and the next call
+/// sees them. Fails on main before the fix, where `/work` is root's and `chmod` is `EPERM`.
+#[test]
+fn the_guest_owns_its_work_directory_and_sets_its_mode_and_times() {
+    require_docker!();
+    let d = sessions();
+    let (id, _) = open(&d, json!({}));
+    let set = js(
+        &d,
+        &id,
+        "const fs = require('fs'); \
+         const owner = fs.statSync('/work').uid === process.getuid(); \
+         fs.chmodSync('/work', 0o750); fs.utimesSync('/work', 1500000000, 1500000000); \
+         console.log(owner)",
+    );
+    assert_eq!(stdout(&set), "true\n", "{set}");
+    let read = js(
+        &d,
+        &id,
+        "const s = require('fs').statSync('/work'); \
+         console.log((s.mode & 0o7777).toString(8), s.mtimeMs / 1000)",
+    );
+    assert_eq!(stdout(&read), "750 1500000000\n", "{read}");
+    let closed = close_as(&d, None, &id);
+    assert_eq!(closed.status, 200, "{closed}");
 }
 
 #[test]
@@ -464,7 +492,7 @@ fn the_drain_ends_sessions_and_removes_their_containers() {
     assert!(containers_of(&inst).is_empty());
 }
 
-fn cell(d: &Daemon, id: &str, language: &str, code: &str) -> Value {
+pub(super) fn cell(d: &Daemon, id: &str, language: &str, code: &str) -> Value {
     let resp = session_run_as(
         d,
         None,

@@ -15,7 +15,7 @@ use plimsoll_tests::docker::{docker_ready, runsc, tier};
 /// A docker daemon's proof takes longer than the harness's default wait.
 const START: Duration = Duration::from_secs(120);
 
-fn docker_daemon(f: &Fixture) -> Daemon {
+pub(crate) fn docker_daemon(f: &Fixture) -> Daemon {
     let mut extra = vec![("SANDBOX_PROVIDER", "docker")];
     if runsc() {
         extra.push(("SANDBOX_DOCKER_RUNTIME", "runsc"));

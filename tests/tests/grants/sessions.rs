@@ -332,3 +332,109 @@ fn a_session_lends_a_grant_per_call_keeps_route_caps_and_refuses_profiles_not_fo
         started.elapsed()
     );
 }
+
+/// The planted thread (issue 12, item 4), started by a Python cell with no grant: it asks the
+/// session's socket for `/items/7` every 50 ms and keeps each status it got in `seen`.
+const PLANT: &str = r#"
+import socket, threading, time
+seen = []
+def _poll():
+    while True:
+        try:
+            s = socket.socket(socket.AF_UNIX)
+            s.settimeout(2)
+            s.connect('/run/host-api.sock')
+            s.sendall(b'GET /items/7 HTTP/1.1\r\nHost: api\r\nConnection: close\r\n\r\n')
+            head = s.recv(64).split(b' ')
+            seen.append(int(head[1]) if len(head) > 1 else -1)
+            s.close()
+        except Exception:
+            seen.append(-2)
+        time.sleep(0.05)
+threading.Thread(target=_poll, daemon=True).start()
+"#;
+
+/// Fails on main before the fix (the thread got 200 answers with alice's JWT during the
+/// granted call, which the broker charged to that call); passes after: the interpreter is
+/// held stopped while the grant is lent, the thread makes no request in that window, and
+/// the broker's audit line for the call says it shared the sandbox with one process kept
+/// from earlier calls.
+#[test]
+fn a_thread_planted_by_an_earlier_cell_never_uses_a_later_calls_grant() {
+    if !docker_ready() {
+        return;
+    }
+    let f = Fixture::start();
+    f.write_grants(&session_profiles(&f));
+    let d = session_daemon(&f);
+    let resp = call(
+        &d,
+        &f.alice,
+        "OpenSession",
+        &json!({ "protocol": connect::PROTOCOL, "languages": ["python"] }),
+    );
+    assert_eq!(resp.status, 200, "open: {resp}");
+    let id = resp.json()["sessionId"]
+        .as_str()
+        .expect("sessionId")
+        .to_owned();
+    let cell = |code: &str| {
+        let resp = session_run(
+            &d,
+            &f.alice,
+            &id,
+            json!({ "cell": { "language": "python", "code": code } }),
+        );
+        assert_eq!(resp.status, 200, "{code}: {resp}");
+        let cell = resp.json()["run"]["cell"].clone();
+        assert_eq!(cell["exitCode"].as_i64().unwrap_or(0), 0, "{cell}");
+        field(&cell, "stdout")
+    };
+
+    // 1. The plant, and proof that it polls (503: nothing is lent).
+    cell(PLANT);
+    std::thread::sleep(Duration::from_millis(500));
+    let before: Vec<i64> = serde_json::from_str(cell("print(seen)").trim()).unwrap();
+    assert!(!before.is_empty(), "the thread polls");
+    assert!(before.iter().all(|&s| s == 503), "{before:?}");
+    let count_before = cell("print(len(seen))").trim().parse::<usize>().unwrap();
+
+    // 2. A granted snippet that makes no request of its own and lasts 1.5 s.
+    let (out, _) = snippet_ran(
+        &d,
+        &f.alice,
+        &id,
+        "setTimeout(() => console.log('done'), 1500);",
+        "sess",
+    );
+    assert_eq!(out, "done\n");
+
+    // 3. The thread is back, and saw nothing but 503 (or nothing at all) meanwhile.
+    std::thread::sleep(Duration::from_millis(300));
+    let after: Vec<i64> = serde_json::from_str(cell("print(seen)").trim()).unwrap();
+    assert!(after.len() > count_before, "the thread goes on afterwards");
+    assert!(
+        after.iter().all(|&s| s == 503),
+        "the planted thread got an answer during the granted call: {after:?}"
+    );
+    assert!(f.api.requests().is_empty(), "{:?}", targets(&f));
+
+    // 4. The broker's audit line for that call marks the shared sandbox and charges it
+    // nothing.
+    let closed: Vec<Value> = d
+        .log_records()
+        .iter()
+        .filter(|r| r["message"] == "grant run closed" && r["grant_profile"] == "sess")
+        .cloned()
+        .collect();
+    assert_eq!(closed.len(), 1, "{closed:?}");
+    assert_eq!(closed[0]["host_calls"], 0, "{}", closed[0]);
+    assert_eq!(closed[0]["kept_from_earlier_calls"], 1, "{}", closed[0]);
+    let resp = call(
+        &d,
+        &f.alice,
+        "CloseSession",
+        &json!({ "protocol": connect::PROTOCOL, "sessionId": id }),
+    );
+    assert_eq!(resp.status, 200, "close: {resp}");
+}

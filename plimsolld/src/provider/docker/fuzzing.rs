@@ -45,3 +45,28 @@ pub fn relay_stream(chunks: &[&[u8]]) {
 pub fn process_identity(text: &str) {
     let _ = ProcessId::parse(text);
 }
+
+/// A module run's results file, written by the worker in the sandbox: decoded against a
+/// request of `rows` rows of `params` values on the grid `end_time`/`step`. A file that
+/// decodes must answer exactly that request, with every NaN canonical.
+pub fn module_results(bytes: &[u8], rows: u16, params: u8, end_time: f64, step: f64) {
+    use super::module::results::{Asked, decode};
+    let asked = Asked {
+        rows: usize::from(rows),
+        params: usize::from(params),
+        end_time,
+        step,
+    };
+    if let Ok(decoded) = decode(bytes, asked) {
+        assert_eq!(decoded.runs.len(), asked.rows);
+        for run in &decoded.runs {
+            let steps = usize::try_from(run.status).unwrap_or(0);
+            assert_eq!(run.outputs.len(), steps * decoded.width as usize);
+            assert!(
+                run.outputs
+                    .iter()
+                    .all(|v| !v.is_nan() || v.to_bits() == plimsoll::record::CANONICAL_NAN_BITS)
+            );
+        }
+    }
+}

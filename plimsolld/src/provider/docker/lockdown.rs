@@ -187,7 +187,7 @@ mod tests {
         .into_iter()
         .map(|(k, v)| (k.to_owned(), v.to_owned()))
         .collect();
-        Settings::new(&Config::from_env(&env).unwrap()).unwrap()
+        Settings::from_config(&Config::from_env(&env).unwrap()).unwrap()
     }
 
     fn shape<'a>(env: &'a [String], argv: &'a [String]) -> Shape<'a> {

@@ -10,32 +10,38 @@
 //!
 //! The files, in the order a daemon uses them:
 //! - [`settings`]: the envelope and mounts derived from the configuration;
-//! - [`preflight`] and [`readiness`]: the cheap checks and their 5 s cache;
+//! - [`preflight`] and [`readiness`]: the cheap checks and their 5 s cache, with [`identity`]
+//!   (each image's software identity, from docker's records);
 //! - [`smoke`]: the startup proof's probe containers and their checks;
 //! - [`lockdown`]: the one container shape (§5.4); [`container`]: one run start to finish,
 //!   with [`output`] (caps and the start marker) and [`removal`] (force-remove, confirmed);
 //! - [`project`]: a project run in the project image, with [`runner`] (the authenticated
 //!   protocol with the runner inside);
+//! - [`module`]: a module run, one runner step of `sim-worker` in the module image, and its
+//!   results file;
 //! - [`pool`]: the next snippet's container, created (never started) ahead of demand;
 //! - [`orphans`]: the sweep of what crashes left;
 //! - [`engine`]: the Engine API with a timeout on every call.
 
+pub mod config;
 mod container;
 mod engine;
 pub(crate) mod exec;
 #[cfg(feature = "fuzzing")]
 pub mod fuzzing;
+mod identity;
 mod lockdown;
+mod module;
 mod orphans;
-mod output;
+pub(crate) mod output;
 mod pool;
 mod preflight;
-mod project;
+pub(crate) mod project;
 mod readiness;
 mod removal;
-mod runner;
+pub(crate) mod runner;
 mod session;
-mod settings;
+pub(crate) mod settings;
 mod smoke;
 
 use std::path::PathBuf;
@@ -47,11 +53,11 @@ use plimsoll::refusal::Refusal;
 use plimsoll::tier::IsolationTier;
 
 use super::{
-    Description, Environment, Hold, ProjectPlan, ProjectReport, Provider, ProviderError, Resources,
-    SnippetOutcome, SnippetRun, TierEvidence,
+    Description, Environment, Hold, ModulePlan, ModuleReport, ProjectPlan, ProjectReport, Provider,
+    ProviderError, Resources, SnippetOutcome, SnippetRun, TierEvidence,
 };
 use crate::config::Config;
-use crate::config::docker::SeccompSetting;
+use config::{DockerConfig, SeccompSetting};
 use container::{Context, Held, Prepare};
 use lockdown::Identity;
 use readiness::{ProvenIds, Readiness};
@@ -60,7 +66,7 @@ use settings::Settings;
 /// The provider id `Describe` and records name.
 pub const ID: &str = "docker";
 
-/// How often the background loop re-checks readiness and sweeps orphans.
+/// How often the background loop re-checks readiness and refills the pool.
 const BACKGROUND_EVERY: Duration = Duration::from_secs(60);
 /// The bound on one orphan sweep.
 const SWEEP_BOUND: Duration = Duration::from_secs(30);
@@ -166,6 +172,9 @@ pub enum DockerError {
     /// A cached preflight failure, as text.
     #[error("{0}")]
     Preflight(String),
+    /// Preflight failed at startup.
+    #[error("docker preflight: {0}")]
+    StartupPreflight(#[source] Box<DockerError>),
     /// Another caller's preflight did not finish within 2 s.
     #[error("preflight is already in progress")]
     PreflightBusy,
@@ -175,6 +184,12 @@ pub enum DockerError {
     /// A startup-proof check failed.
     #[error("startup proof check {check:?} failed: {detail}")]
     Smoke { check: &'static str, detail: String },
+}
+
+impl From<DockerError> for ProviderError {
+    fn from(e: DockerError) -> ProviderError {
+        ProviderError::infrastructure(e)
+    }
 }
 
 /// The docker provider.
@@ -190,6 +205,8 @@ struct Inner {
     held: Arc<Held>,
     /// What the language probe found on the project image.
     languages: RwLock<Vec<String>>,
+    /// The models the module image's worker listed at the startup proof.
+    models: RwLock<Option<Arc<module::catalogue::Catalogue>>>,
     /// The configured disk budget, as `Describe` states it.
     disk_mb: u32,
     /// The next snippet's container.
@@ -199,9 +216,10 @@ struct Inner {
 }
 
 impl Docker {
-    /// The provider for `config`; reads configuration only.
-    pub fn new(config: &Config) -> Result<Docker, DockerError> {
-        let settings = Arc::new(Settings::new(config)?);
+    /// The provider for `docker`'s settings and the daemon's envelope in `config`; reads
+    /// configuration only.
+    pub fn new(docker: &DockerConfig, config: &Config) -> Result<Docker, DockerError> {
+        let settings = Arc::new(Settings::new(docker, config.resources)?);
         let (stop, _) = tokio::sync::watch::channel(false);
         Ok(Docker {
             inner: Arc::new(Inner {
@@ -210,6 +228,7 @@ impl Docker {
                 instance: container::random_hex(),
                 held: Arc::new(Held::default()),
                 languages: RwLock::new(Vec::new()),
+                models: RwLock::new(None),
                 disk_mb: config.resources.disk_mb,
                 pool: pool::Pool::default(),
                 stop,
@@ -306,7 +325,8 @@ impl Inner {
         });
     }
 
-    /// Every minute: re-run preflight when the tier has fallen, and sweep orphans.
+    /// Every minute: re-run preflight when the tier has fallen, and make the next snippet's
+    /// container. (Orphans are swept from the daemon's own loop: [`Provider::sweep_orphans`].)
     async fn background(self: Arc<Self>) {
         let mut stop = self.stop.subscribe();
         loop {
@@ -319,10 +339,17 @@ impl Inner {
                 Ok(verified) => self.refill(&verified),
                 Err(e) => tracing::warn!(error = %e, "docker provider not ready"),
             }
-            if let Some(engine) = self.readiness.engine() {
-                self.sweep(engine).await;
-            }
         }
+    }
+}
+
+impl Inner {
+    /// The module image's models, once the proof listed them.
+    fn models(&self) -> Option<Arc<module::catalogue::Catalogue>> {
+        self.models
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
     }
 }
 
@@ -335,12 +362,9 @@ fn not_ready(e: DockerError) -> ProviderError {
 #[async_trait]
 impl Provider for Docker {
     async fn preflight(&self) -> Result<TierEvidence, ProviderError> {
-        let verified = self
-            .inner
-            .readiness
-            .check()
-            .await
-            .map_err(|e| ProviderError::Infrastructure(format!("docker preflight: {e}")))?;
+        let verified = self.inner.readiness.check().await.map_err(|e| {
+            ProviderError::infrastructure(DockerError::StartupPreflight(Box::new(e)))
+        })?;
         Ok(self.inner.tier_evidence(&verified))
     }
 
@@ -375,22 +399,49 @@ impl Provider for Docker {
             .read()
             .map(|l| l.clone())
             .unwrap_or_default();
+        // Modules run in the module image when one is configured (providers.md §8); like
+        // projects, within the project timeouts. The wire has no field for the models it
+        // holds: the startup log names them.
+        let module = match (&s.module_image, &ids) {
+            (Some(_), ids) => Environment {
+                identity: ids
+                    .as_ref()
+                    .and_then(|i| i.module.clone())
+                    .unwrap_or_default(),
+                default_timeout_ms: duration_ms(project::DEFAULT_TIMEOUT),
+                max_timeout_ms: duration_ms(project::MAX_TIMEOUT),
+                software_identity: ids
+                    .as_ref()
+                    .map(|i| i.module_software.clone())
+                    .unwrap_or_default(),
+                languages: Vec::new(),
+            },
+            (None, _) => Environment::default(),
+        };
         Description {
             sandbox: ID,
             // Snippets get the run's broker socket mounted (grants.md §3, docker row).
             supports_javascript_grants: true,
             javascript: Environment {
                 identity: ids.as_ref().map(|i| i.snippet.clone()).unwrap_or_default(),
+                default_timeout_ms: duration_ms(settings::SNIPPET_DEFAULT_TIMEOUT),
                 max_timeout_ms: duration_ms(settings::SNIPPET_MAX_TIMEOUT),
-                software_identity: String::new(),
+                software_identity: ids
+                    .as_ref()
+                    .map(|i| i.snippet_software.clone())
+                    .unwrap_or_default(),
                 languages: vec!["javascript".to_owned()],
             },
             // Session calls run in the project image (providers.md §9).
             supports_sessions: true,
             session: Environment {
                 identity: ids.as_ref().map(|i| i.project.clone()).unwrap_or_default(),
+                default_timeout_ms: duration_ms(project::DEFAULT_TIMEOUT),
                 max_timeout_ms: duration_ms(project::MAX_TIMEOUT),
-                software_identity: String::new(),
+                software_identity: ids
+                    .as_ref()
+                    .map(|i| i.project_software.clone())
+                    .unwrap_or_default(),
                 languages: languages.clone(),
             },
             supports_project: true,
@@ -398,11 +449,17 @@ impl Provider for Docker {
             // into every node a step starts (grants.md §3, docker row; project.rs).
             supports_project_grants: true,
             project: Environment {
-                identity: ids.map(|i| i.project).unwrap_or_default(),
+                default_timeout_ms: duration_ms(project::DEFAULT_TIMEOUT),
                 max_timeout_ms: duration_ms(project::MAX_TIMEOUT),
-                software_identity: String::new(),
+                software_identity: ids
+                    .as_ref()
+                    .map(|i| i.project_software.clone())
+                    .unwrap_or_default(),
+                identity: ids.map(|i| i.project).unwrap_or_default(),
                 languages,
             },
+            supports_module: s.module_image.is_some(),
+            module,
             resources: Resources {
                 memory_mb: s.memory_mb,
                 cpus: s.cpus,
@@ -411,10 +468,6 @@ impl Provider for Docker {
             },
             ..Description::default()
         }
-    }
-
-    fn default_timeout_ms(&self) -> u32 {
-        duration_ms(settings::SNIPPET_DEFAULT_TIMEOUT)
     }
 
     async fn run_snippet(&self, run: SnippetRun) -> Result<SnippetOutcome, ProviderError> {
@@ -426,12 +479,11 @@ impl Provider for Docker {
         } = run;
         let inner = &self.inner;
         let verified = inner.readiness.check().await.map_err(not_ready)?;
-        let infrastructure = |e: DockerError| ProviderError::Infrastructure(e.to_string());
         let timeout = timeout.min(settings::SNIPPET_MAX_TIMEOUT);
         // A granted snippet: its socket mounted, its variable set and the client library
         // before its code; a pooled container has none of them, so it gets a fresh one.
         let (code, grant_env) = granted_snippet(code, grant.as_deref());
-        let socket = grant.as_deref().map(|g| g.socket.as_path());
+        let socket = grant.as_deref().and_then(|g| g.socket());
         let claimed = match grant {
             Some(_) => None,
             None => inner
@@ -453,9 +505,7 @@ impl Provider for Docker {
                     role: "run",
                     lifetime: timeout + engine::START + Duration::from_secs(1),
                 };
-                container::prepare(&inner.context(&verified), &shape)
-                    .await
-                    .map_err(infrastructure)?
+                container::prepare(&inner.context(&verified), &shape).await?
             }
         };
         // The slot goes with the container: it is freed when removal is done.
@@ -475,7 +525,7 @@ impl Provider for Docker {
         if !*inner.stop.borrow() && inner.readiness.proven_ids().is_some() {
             inner.refill(&verified);
         }
-        let finished = finished.map_err(infrastructure)?;
+        let finished = finished?;
         Ok(SnippetOutcome {
             stdout: finished.stdout.0,
             stdout_truncated: finished.stdout.1,
@@ -485,13 +535,9 @@ impl Provider for Docker {
             timed_out: finished.timed_out,
             duration: finished.duration,
             environment: verified.snippet.id.clone(),
-            software_identity: String::new(),
+            software_identity: verified.snippet.software_identity(),
             instance: format!("docker-container:{}", finished.container_id),
         })
-    }
-
-    fn default_project_timeout_ms(&self) -> u32 {
-        duration_ms(project::DEFAULT_TIMEOUT)
     }
 
     async fn run_project(&self, mut plan: ProjectPlan) -> Result<ProjectReport, ProviderError> {
@@ -499,13 +545,35 @@ impl Provider for Docker {
         let verified = inner.readiness.check().await.map_err(not_ready)?;
         // The slot goes with the container: it is freed when removal is done.
         let hold = std::mem::take(&mut plan.hold);
-        let ran = project::run(&inner.context(&verified), &verified.project, &plan, hold)
-            .await
-            .map_err(|e| ProviderError::Infrastructure(e.to_string()))?;
+        let ran = project::run(&inner.context(&verified), &verified.project, &plan, hold).await?;
         Ok(ProjectReport {
             result: ran.result,
             environment: verified.project.id.clone(),
-            software_identity: String::new(),
+            software_identity: verified.project.software_identity(),
+            instance: format!("docker-container:{}", ran.container_id),
+        })
+    }
+
+    async fn run_module(&self, plan: ModulePlan) -> Result<ModuleReport, ProviderError> {
+        let inner = &self.inner;
+        let (Some(_), Some(models)) = (&inner.settings.module_image, inner.models()) else {
+            return Err(ProviderError::Refused(
+                self.unsupported(plimsoll::payload::PayloadKind::Module),
+            ));
+        };
+        let verified = inner.readiness.check().await.map_err(not_ready)?;
+        let Some(image) = verified.module.as_ref() else {
+            return Err(ProviderError::infrastructure(
+                "preflight verified no module image though one is configured",
+            ));
+        };
+        // The slot goes with the container: it is freed when removal is done.
+        let ran = module::run(&inner.context(&verified), image, &models, plan).await?;
+        Ok(ModuleReport {
+            result: ran.result,
+            duration: ran.duration,
+            environment: image.id.clone(),
+            software_identity: image.software_identity(),
             instance: format!("docker-container:{}", ran.container_id),
         })
     }
@@ -515,6 +583,12 @@ impl Provider for Docker {
         open: super::SessionOpen,
     ) -> Result<super::OpenedSession, ProviderError> {
         session::open(&self.inner, open).await
+    }
+
+    async fn sweep_orphans(&self) {
+        if let Some(engine) = self.inner.readiness.engine() {
+            self.inner.sweep(engine).await;
+        }
     }
 
     async fn drain(&self, budget: Duration) {
@@ -545,7 +619,7 @@ impl Provider for Docker {
 impl Docker {
     /// The startup proof (providers.md §5.12), in the spec's step order.
     async fn prove_once(&self) -> Result<TierEvidence, ProviderError> {
-        let fail = |e: DockerError| ProviderError::Infrastructure(e.to_string());
+        let fail = ProviderError::from;
         let inner = &self.inner;
         // 1. Preflight, without the proof check (there is no proof yet).
         let verified = inner.readiness.check().await.map_err(fail)?;
@@ -567,6 +641,15 @@ impl Docker {
         smoke::probe_image(&ctx, &verified.project, true, &socket)
             .await
             .map_err(fail)?;
+        if let Some(module) = verified
+            .module
+            .as_ref()
+            .filter(|m| m.id != verified.project.id)
+        {
+            smoke::probe_image(&ctx, module, true, &socket)
+                .await
+                .map_err(fail)?;
+        }
         drop(socket);
         // 8. Under runsc, the host cgroup of a live sandbox carries the host pids limit.
         if inner.settings.runtime.is_runsc() {
@@ -577,6 +660,13 @@ impl Docker {
         // 7. The languages of the project image.
         let languages = self.languages(&ctx, &verified).await.map_err(fail)?;
         *inner.languages.write().unwrap_or_else(|e| e.into_inner()) = languages;
+        // 5 and 7 for the module image: its runner is not inspectable, its worker lists its
+        // models, and one model runs through exactly the module run path.
+        if let Some(image) = &verified.module {
+            let models = self.models(&ctx, image).await.map_err(fail)?;
+            *inner.models.write().unwrap_or_else(|e| e.into_inner()) = Some(Arc::new(models));
+            self.prove_module_run().await?;
+        }
         // 6. A real snippet through exactly the run path.
         let out = self
             .run_snippet(SnippetRun {
@@ -599,13 +689,20 @@ impl Docker {
             }));
         }
         // 9. Record what was proven; from now on preflight also checks the ids.
-        inner.readiness.set_proven(
-            ProvenIds {
-                snippet: verified.snippet.id.clone(),
-                project: verified.project.id.clone(),
-            },
-            evidence.tier,
-        );
+        inner
+            .readiness
+            .set_proven(ProvenIds::of(&verified), evidence.tier);
+        for image in [&verified.snippet, &verified.project]
+            .into_iter()
+            .chain(verified.module.as_ref())
+        {
+            if let Err(why) = &image.software {
+                tracing::warn!(
+                    image = %image.reference,
+                    "no software identity: {why}; runs with a software rule are refused"
+                );
+            }
+        }
         if evidence.tier == IsolationTier::Container {
             tracing::warn!(
                 runtime = %verified.runtime.name,
@@ -614,7 +711,12 @@ impl Docker {
         }
         tracing::info!(
             snippet_image = %verified.snippet.id,
+            snippet_software = %verified.snippet.software_identity(),
             project_image = %verified.project.id,
+            project_software = %verified.project.software_identity(),
+            module_image = verified.module.as_ref().map(|m| m.id.as_str()),
+            module_software = verified.module.as_ref().map(|m| m.software_identity()),
+            models = inner.models().map(|m| m.ids().collect::<Vec<_>>().join(",")),
             runtime = %verified.runtime.name,
             instance = %inner.instance,
             "docker provider proven"
@@ -626,6 +728,19 @@ impl Docker {
         Ok(evidence)
     }
 
+    /// A step that fails when it can open the runner's `/proc` entries (§5.12 step 5, from
+    /// the outside; the runner proves it from the inside on every run).
+    fn inspect_step(&self) -> String {
+        let entries = if self.inner.settings.runtime.is_runsc() {
+            "mem"
+        } else {
+            "mem fd/0 fd/1 environ"
+        };
+        format!(
+            "for f in {entries}; do if (: <\"/proc/$PLIMSOLL_RUNNER_PID/$f\") 2>/dev/null; then echo \"runner $f is readable\"; exit 1; fi; done"
+        )
+    }
+
     /// §5.12 steps 5 and 7 through the project run path: the runner proves it is not
     /// inspectable (on every run), a first step proves it again from the outside, and a
     /// second step names the languages (JavaScript required, Python optional).
@@ -634,17 +749,9 @@ impl Docker {
         ctx: &Context<'_>,
         verified: &preflight::Verified,
     ) -> Result<Vec<String>, DockerError> {
-        let entries = if self.inner.settings.runtime.is_runsc() {
-            "mem"
-        } else {
-            "mem fd/0 fd/1 environ"
-        };
-        let inspect = format!(
-            "for f in {entries}; do if (: <\"/proc/$PLIMSOLL_RUNNER_PID/$f\") 2>/dev/null; then echo \"runner $f is readable\"; exit 1; fi; done"
-        );
         let plan = ProjectPlan {
             files: Vec::new(),
-            steps: vec![inspect, LANGUAGE_PROBE.to_owned()],
+            steps: vec![self.inspect_step(), LANGUAGE_PROBE.to_owned()],
             artifacts: Vec::new(),
             timeout: Duration::from_secs(30),
             hold: Hold::default(),

@@ -1,9 +1,10 @@
 //! Orphan reconciliation (providers.md §5.13): what a crash, a lost removal or another
 //! daemon's crash left behind.
 //!
-//! 1. Host directories: socket directories (the smoke test's `crsbx-smoke-sock-…`, the
-//!    broker's `crsbx-broker…` and `crsbx-session-broker…`) older than a minute whose socket
-//!    refuses connections (what a killed broker or daemon left).
+//! 1. Host directories: the smoke test's socket directories (`crsbx-smoke-sock-…`) older than
+//!    a minute whose socket refuses connections (what a killed daemon left). The broker's own
+//!    directories are reaped by the daemon's background loop for every provider
+//!    (`crate::grant::reap_stale_socket_dirs`).
 //! 2. Containers labelled `io.plimsoll.expires`: this instance's that it no longer holds, at
 //!    once; other instances' when at least 5 minutes past their label. A container this
 //!    process holds (a run in flight, a removal under way) is never touched.
@@ -16,13 +17,10 @@ use super::engine::Engine;
 use super::lockdown::{LABEL_EXPIRES, LABEL_INSTANCE};
 use super::removal;
 use super::smoke::SOCKET_DIR_PREFIX;
-use broker::control::protocol::{RUN_DIR_PREFIX, SESSION_DIR_PREFIX};
 
 /// How long past its label another instance's container is left alone (its daemon may still
 /// be removing it).
 pub const OTHER_INSTANCE_GRACE: Duration = Duration::from_secs(5 * 60);
-/// How old a stale socket directory must be.
-const STALE_DIR_AGE: Duration = Duration::from_secs(60);
 
 /// What one sweep did.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -88,40 +86,14 @@ pub async fn sweep(engine: &Engine, instance: &str, held: &Held) -> Swept {
     swept
 }
 
-/// The socket directories the sweep may reap.
-const SOCKET_DIR_PREFIXES: [&str; 3] = [SOCKET_DIR_PREFIX, RUN_DIR_PREFIX, SESSION_DIR_PREFIX];
-
+/// The smoke test's socket directories a dead daemon left: they have the broker's layout (one
+/// `host-api.sock` alone in a private directory), so the broker's reaper judges them.
 fn reap_socket_dirs() -> usize {
-    reap_socket_dirs_in(&std::env::temp_dir(), SystemTime::now())
-}
-
-fn reap_socket_dirs_in(dir: &std::path::Path, now: SystemTime) -> usize {
-    let Ok(entries) = std::fs::read_dir(dir) else {
-        return 0;
-    };
-    let mut reaped = 0;
-    for entry in entries.flatten() {
-        let name = entry.file_name();
-        let name = name.to_string_lossy();
-        if !SOCKET_DIR_PREFIXES.iter().any(|p| name.starts_with(p)) {
-            continue;
-        }
-        let old = entry
-            .metadata()
-            .and_then(|m| m.modified())
-            .ok()
-            .and_then(|t| now.duration_since(t).ok())
-            .is_some_and(|age| age >= STALE_DIR_AGE);
-        let socket = entry.path().join("host-api.sock");
-        let refused = matches!(
-            std::os::unix::net::UnixStream::connect(&socket),
-            Err(e) if e.kind() == std::io::ErrorKind::ConnectionRefused || e.kind() == std::io::ErrorKind::NotFound
-        );
-        if old && refused && std::fs::remove_dir_all(entry.path()).is_ok() {
-            reaped += 1;
-        }
-    }
-    reaped
+    broker::socket_dirs::reap_stale(
+        &std::env::temp_dir(),
+        &[SOCKET_DIR_PREFIX],
+        SystemTime::now(),
+    )
 }
 
 #[cfg(test)]
@@ -134,36 +106,6 @@ mod tests {
             (LABEL_INSTANCE.to_owned(), instance.to_owned()),
             (LABEL_EXPIRES.to_owned(), expires.to_owned()),
         ])
-    }
-
-    #[test]
-    fn stale_socket_directories_go_only_when_old_and_dead() {
-        let tmp = tempfile::tempdir().unwrap();
-        let make = |name: &str| {
-            let dir = tmp.path().join(name);
-            std::fs::create_dir(&dir).unwrap();
-            dir.join("host-api.sock")
-        };
-        // A broker that died: its socket file is left and refuses connections.
-        drop(std::os::unix::net::UnixListener::bind(make("crsbx-broker-dead")).unwrap());
-        drop(std::os::unix::net::UnixListener::bind(make("crsbx-session-broker-dead")).unwrap());
-        // A live session socket, and a directory that is not plimsoll's.
-        let _live = std::os::unix::net::UnixListener::bind(make("crsbx-session-broker-live"));
-        drop(std::os::unix::net::UnixListener::bind(make("other-dead")).unwrap());
-        let left = || {
-            let mut names: Vec<String> = std::fs::read_dir(tmp.path())
-                .unwrap()
-                .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
-                .collect();
-            names.sort();
-            names
-        };
-        // Too young: nothing goes.
-        assert_eq!(reap_socket_dirs_in(tmp.path(), SystemTime::now()), 0);
-        assert_eq!(left().len(), 4);
-        let later = SystemTime::now() + STALE_DIR_AGE + Duration::from_secs(1);
-        assert_eq!(reap_socket_dirs_in(tmp.path(), later), 2);
-        assert_eq!(left(), ["crsbx-session-broker-live", "other-dead"]);
     }
 
     #[test]

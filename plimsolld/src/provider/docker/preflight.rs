@@ -5,18 +5,20 @@
 //! rules of step 7 are configuration, already checked before the daemon built this provider.
 //! What is left here needs the host: the guest uid against the host's accounts (3), the seccomp
 //! profile file (5), the Engine on its pinned socket (7), the runtime registration (8), and one
-//! whole-object inspection per image (10). There is no docker CLI to find (6), and no platform
-//! is chosen (9, 11): images are imported locally, so there is no manifest to match and the
-//! software identity stays empty.
+//! whole-object inspection per image (10), which also gives each image its software identity
+//! from docker's own records ([`super::identity`], step 11). There is no docker CLI to find
+//! (6), and no platform is chosen (9): containers start the inspected content id, whose
+//! platform the identity states.
 
 use std::path::Path;
 
 use bollard::models::ImageInspect;
 
-use crate::config::docker::SeccompSetting;
+use crate::provider::docker::config::SeccompSetting;
 
 use super::DockerError;
 use super::engine::Engine;
+use super::identity::{self, ImageStore, Unstated};
 use super::settings::Settings;
 
 /// A seccomp profile larger than this is refused unread.
@@ -37,6 +39,17 @@ pub struct VerifiedImage {
     pub id: String,
     /// The image's ENV, checked, delivered to the guest through the start script.
     pub env: Vec<String>,
+    /// Its software identity, `oci-manifest:<platform>@sha256:<64 hex>`, or why docker's
+    /// records give it none.
+    pub software: Result<String, Unstated>,
+}
+
+impl VerifiedImage {
+    /// The software identity `Describe`, the rule check and records state: "" when there is
+    /// none (which satisfies no rule).
+    pub fn software_identity(&self) -> String {
+        self.software.clone().unwrap_or_default()
+    }
 }
 
 /// What the runtime registration showed.
@@ -60,6 +73,8 @@ pub struct Verified {
     pub snippet: VerifiedImage,
     /// The project image.
     pub project: VerifiedImage,
+    /// The module image, when one is configured.
+    pub module: Option<VerifiedImage>,
     /// The runtime.
     pub runtime: RuntimeEvidence,
     /// The seccomp profile text to send with every container, when one applies.
@@ -88,12 +103,18 @@ pub async fn run(settings: &Settings, engine: &Engine) -> Result<Verified, Docke
     }
     // 8. The runtime is registered; runsc under a path named runsc.
     let runtime = runtime_evidence(settings, &info)?;
-    // 10. Each image once, as a whole object.
-    let snippet = verify_image(engine, &settings.snippet_image).await?;
+    // 10–11. Each image once, as a whole object; its identity from the same answer.
+    let store = ImageStore::from_driver_status(info.driver_status.as_deref());
+    let snippet = verify_image(engine, &settings.snippet_image, store).await?;
     let project = if settings.project_image == settings.snippet_image {
         snippet.clone()
     } else {
-        verify_image(engine, &settings.project_image).await?
+        verify_image(engine, &settings.project_image, store).await?
+    };
+    let module = match &settings.module_image {
+        None => None,
+        Some(reference) if *reference == project.reference => Some(project.clone()),
+        Some(reference) => Some(verify_image(engine, reference, store).await?),
     };
     let server_version = match info.server_version {
         Some(v) => v,
@@ -104,6 +125,7 @@ pub async fn run(settings: &Settings, engine: &Engine) -> Result<Verified, Docke
         engine: engine.clone(),
         snippet,
         project,
+        module,
         runtime,
         seccomp,
         server_version,
@@ -227,7 +249,11 @@ fn runtime_evidence(
     })
 }
 
-async fn verify_image(engine: &Engine, reference: &str) -> Result<VerifiedImage, DockerError> {
+async fn verify_image(
+    engine: &Engine,
+    reference: &str,
+    store: ImageStore,
+) -> Result<VerifiedImage, DockerError> {
     let inspected =
         engine
             .inspect_image(reference)
@@ -236,11 +262,15 @@ async fn verify_image(engine: &Engine, reference: &str) -> Result<VerifiedImage,
                 reference: reference.to_owned(),
                 reason: e.to_string(),
             })?;
-    check_image(reference, &inspected)
+    check_image(reference, &inspected, store)
 }
 
-/// Step 10's rules on one inspected image.
-pub fn check_image(reference: &str, image: &ImageInspect) -> Result<VerifiedImage, DockerError> {
+/// Step 10's rules on one inspected image, and its identity (step 11).
+pub fn check_image(
+    reference: &str,
+    image: &ImageInspect,
+    store: ImageStore,
+) -> Result<VerifiedImage, DockerError> {
     let refused = |reason: String| DockerError::ImageRefused {
         reference: reference.to_owned(),
         reason,
@@ -265,6 +295,7 @@ pub fn check_image(reference: &str, image: &ImageInspect) -> Result<VerifiedImag
         reference: reference.to_owned(),
         id,
         env,
+        software: identity::manifest_identity(reference, image, store),
     })
 }
 
@@ -324,9 +355,17 @@ mod tests {
 
     #[test]
     fn a_plain_image_verifies_with_its_id_and_env() {
-        let v = check_image("x:1", &image(&["PATH=/usr/bin:/bin", "LANG=C.UTF-8"], &[])).unwrap();
+        let v = check_image(
+            "x:1",
+            &image(&["PATH=/usr/bin:/bin", "LANG=C.UTF-8"], &[]),
+            ImageStore::Classic,
+        )
+        .unwrap();
         assert_eq!(v.id, ID);
         assert_eq!(v.env, ["PATH=/usr/bin:/bin", "LANG=C.UTF-8"]);
+        // Never pulled by digest: no manifest, no identity.
+        assert_eq!(v.software, Err(Unstated::NoManifest));
+        assert_eq!(v.software_identity(), "");
     }
 
     #[test]
@@ -341,7 +380,7 @@ mod tests {
             (&["PATH=/usr/bin:/tmp/bin"][..], &[][..], "/tmp/bin"),
             (&["NODE_PATH=/work"][..], &[][..], "/work"),
         ] {
-            let err = check_image("x:1", &image(env, volumes))
+            let err = check_image("x:1", &image(env, volumes), ImageStore::Classic)
                 .unwrap_err()
                 .to_string();
             assert!(err.contains(needle), "{needle}: {err}");
@@ -352,7 +391,7 @@ mod tests {
     fn an_id_that_is_not_sha256_is_refused() {
         let mut i = image(&[], &[]);
         i.id = Some("abc".into());
-        assert!(check_image("x", &i).is_err());
+        assert!(check_image("x", &i, ImageStore::Classic).is_err());
     }
 
     #[test]

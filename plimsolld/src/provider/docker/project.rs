@@ -35,10 +35,10 @@ pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(30);
 pub const MAX_TIMEOUT: Duration = Duration::from_secs(120);
 /// What the outer deadline adds to the plan's budget, so the runner can still report after
 /// its last step used all of it.
-pub(super) const REPORT_GRACE: Duration = Duration::from_secs(5);
+pub(crate) const REPORT_GRACE: Duration = Duration::from_secs(5);
 /// The runner and the guard library that makes it non-dumpable, in the project image.
-pub(super) const RUNNER: &str = "/runner.mjs";
-pub(super) const GUARD: &str = "/usr/local/lib/plimsoll-runner-guard.so";
+pub(crate) const RUNNER: &str = "/runner.mjs";
+pub(crate) const GUARD: &str = "/usr/local/lib/plimsoll-runner-guard.so";
 /// The runner's `/proc` entries a step must fail to open. The steps run as the guest uid and
 /// the runner as uid+1 ([`Identity::Runner`]), so the ptrace access check refuses them `mem`
 /// and every `fd/*` entry under both runtimes. gVisor serves every process's `environ`
@@ -59,10 +59,12 @@ pub struct Ran {
     pub result: ProjectResult,
     /// The container id (64 hex).
     pub container_id: String,
+    /// The container's run, from its start to the end of its output.
+    pub duration: Duration,
 }
 
 /// Runs `plan` in a fresh project container.
-pub async fn run(
+pub(super) async fn run(
     ctx: &Context<'_>,
     image: &VerifiedImage,
     plan: &ProjectPlan,
@@ -94,7 +96,7 @@ pub async fn run(
             stdin,
             timeout: budget + REPORT_GRACE,
             work: true,
-            socket: plan.grant.as_deref().map(|g| g.socket.as_path()),
+            socket: plan.grant.as_deref().and_then(|g| g.socket()),
             identity: Identity::Runner,
             role: "run",
             stdout_cap: runner::STDOUT_CAP,
@@ -106,6 +108,7 @@ pub async fn run(
     Ok(Ran {
         result: classify(&finished, &key, &plan.artifacts),
         container_id: finished.container_id,
+        duration: finished.duration,
     })
 }
 
@@ -139,21 +142,40 @@ pub(super) fn runner_plan<'a>(
 
 /// The outcome of a run docker started (see the module's table).
 pub(super) fn classify(finished: &Finished, key: &ReportKey, asked: &[String]) -> ProjectResult {
-    let found = runner::scan(&finished.stdout.0, key);
+    classify_output(
+        &finished.stdout.0,
+        finished.exit_code,
+        finished.timed_out,
+        &finished.container_id,
+        key,
+        asked,
+    )
+}
+
+/// The outcome of a runner whose stdout, exit code and deadline state are known, in
+/// whichever sandbox `instance` names (see the module's table).
+pub(crate) fn classify_output(
+    stdout: &[u8],
+    exit: i32,
+    timed_out: bool,
+    instance: &str,
+    key: &ReportKey,
+    asked: &[String],
+) -> ProjectResult {
+    let found = runner::scan(stdout, key);
     if let Some(body) = found.report {
         return from_report(body, asked, found.step_began);
     }
-    let exit = finished.exit_code;
     tracing::warn!(
-        container = %finished.container_id,
+        sandbox = %instance,
         exit_code = exit,
-        deadline_passed = finished.timed_out,
-        stdout_bytes = finished.stdout.0.len(),
+        deadline_passed = timed_out,
+        stdout_bytes = stdout.len(),
         unauthenticated_frames = found.unauthenticated,
         step_began = ?found.step_began,
         "the project runner did not report"
     );
-    if finished.timed_out {
+    if timed_out {
         return outcome(
             ProjectOutcome::PROJECT_OUTCOME_TIMED_OUT,
             "the run exceeded its time budget before the runner reported".to_owned(),

@@ -7,9 +7,11 @@
 //! - The refresh runs in its own task, bounded to 10 s, so a caller that goes away (a client
 //!   hanging up on `/readyz`) cannot cancel it halfway.
 //! - After the startup proof, every refresh also checks that each image reference still names
-//!   the id that was proven. A moved tag makes the provider not ready and refuses runs with
-//!   reason `environment` until a restart proves the new image; the tier is kept. Any other
-//!   failure drops the current tier to `none` until a refresh succeeds.
+//!   the id that was proven, with the software identity that was proven (`Describe` states it
+//!   and rules are checked against it, so a run must never state another). A moved tag makes
+//!   the provider not ready and refuses runs with reason `environment` until a restart proves
+//!   the new image; the tier is kept. Any other failure drops the current tier to `none` until
+//!   a refresh succeeds.
 
 use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
@@ -41,13 +43,39 @@ struct Cached {
     result: Result<Arc<Verified>, String>,
 }
 
-/// The proven image ids a later refresh must still find.
+/// The proven image ids (and their software identities) a later refresh must still find.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ProvenIds {
     /// Snippet image id.
     pub snippet: String,
     /// Project image id.
     pub project: String,
+    /// The snippet image's software identity, or "".
+    pub snippet_software: String,
+    /// The project image's software identity, or "".
+    pub project_software: String,
+    /// The module image's id, when one is configured.
+    pub module: Option<String>,
+    /// The module image's software identity, or "".
+    pub module_software: String,
+}
+
+impl ProvenIds {
+    /// What the startup proof proved of `verified`.
+    pub fn of(verified: &Verified) -> ProvenIds {
+        ProvenIds {
+            snippet: verified.snippet.id.clone(),
+            project: verified.project.id.clone(),
+            snippet_software: verified.snippet.software_identity(),
+            project_software: verified.project.software_identity(),
+            module: verified.module.as_ref().map(|m| m.id.clone()),
+            module_software: verified
+                .module
+                .as_ref()
+                .map(|m| m.software_identity())
+                .unwrap_or_default(),
+        }
+    }
 }
 
 /// Preflight's cache, the proven state and the resulting tier.
@@ -131,16 +159,52 @@ impl Readiness {
         let verified = preflight::run(&self.settings, engine).await?;
         // 13. The proof check, once there is a proof.
         if let Some((ids, _)) = self.proven.get() {
-            for (what, proven, now) in [
-                ("snippet", &ids.snippet, &verified.snippet),
-                ("project", &ids.project, &verified.project),
-            ] {
-                if *proven != now.id {
+            let now = ProvenIds::of(&verified);
+            let module = match (&verified.module, &ids.module, &now.module) {
+                (Some(image), Some(proven), Some(found)) => vec![
+                    ("module", &image.reference, proven, found),
+                    (
+                        "module",
+                        &image.reference,
+                        &ids.module_software,
+                        &now.module_software,
+                    ),
+                ],
+                _ => Vec::new(),
+            };
+            let checks = [
+                (
+                    "snippet",
+                    &verified.snippet.reference,
+                    &ids.snippet,
+                    &now.snippet,
+                ),
+                (
+                    "project",
+                    &verified.project.reference,
+                    &ids.project,
+                    &now.project,
+                ),
+                (
+                    "snippet",
+                    &verified.snippet.reference,
+                    &ids.snippet_software,
+                    &now.snippet_software,
+                ),
+                (
+                    "project",
+                    &verified.project.reference,
+                    &ids.project_software,
+                    &now.project_software,
+                ),
+            ];
+            for (what, reference, proven, found) in checks.into_iter().chain(module) {
+                if proven != found {
                     return Err(DockerError::ImageMoved {
                         what,
-                        reference: now.reference.clone(),
-                        proven: proven.clone(),
-                        now: now.id.clone(),
+                        reference: reference.clone(),
+                        proven: shown(proven),
+                        now: shown(found),
                     });
                 }
             }
@@ -189,5 +253,14 @@ impl Readiness {
     /// The connected engine, once a preflight has connected.
     pub fn engine(&self) -> Option<&Engine> {
         self.engine.get()
+    }
+}
+
+/// An id or identity for the log; an empty identity reads as such.
+fn shown(value: &str) -> String {
+    if value.is_empty() {
+        "no software identity".to_owned()
+    } else {
+        value.to_owned()
     }
 }

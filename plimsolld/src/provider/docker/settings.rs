@@ -5,8 +5,8 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use crate::config::Config;
-use crate::config::docker::{DockerRuntime, SeccompSetting};
+use super::config::{DockerConfig, DockerRuntime, SeccompSetting};
+use crate::config::Resources;
 
 use super::DockerError;
 
@@ -39,6 +39,8 @@ pub struct Settings {
     pub snippet_image: String,
     /// The project image reference, as configured.
     pub project_image: String,
+    /// The module image reference, as configured; `None`: modules are unsupported.
+    pub module_image: Option<String>,
     /// The OCI runtime.
     pub runtime: DockerRuntime,
     /// The seccomp setting (ignored under runsc).
@@ -61,10 +63,9 @@ pub struct Settings {
 }
 
 impl Settings {
-    /// The settings for `config`; fails when the disk budget cannot hold the mounts.
-    pub fn new(config: &Config) -> Result<Settings, DockerError> {
-        let r = config.resources;
-        let docker = &config.docker;
+    /// The settings for `docker` under the envelope `r`; fails when the disk budget cannot
+    /// hold the mounts.
+    pub fn new(docker: &DockerConfig, r: Resources) -> Result<Settings, DockerError> {
         let work_mb = if r.disk_mb == 0 {
             DEFAULT_WORK_MB
         } else {
@@ -80,6 +81,7 @@ impl Settings {
         Ok(Settings {
             snippet_image: docker.image.clone(),
             project_image: docker.project_image.clone(),
+            module_image: docker.module_image.clone(),
             runtime: docker.runtime.clone(),
             seccomp: docker.seccomp.clone(),
             guest_uid: docker.guest_uid,
@@ -149,8 +151,23 @@ impl Settings {
 
 #[cfg(test)]
 #[allow(clippy::unwrap_used, clippy::expect_used)]
+impl Settings {
+    /// The settings a checked docker configuration gives (tests build them from variables).
+    pub(crate) fn from_config(config: &crate::config::Config) -> Result<Settings, DockerError> {
+        match &config.provider {
+            crate::provider::config::ProviderConfig::Docker(docker) => {
+                Settings::new(docker, config.resources)
+            }
+            other => panic!("a docker configuration, not {other}"),
+        }
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used)]
 mod tests {
     use super::*;
+    use crate::config::Config;
     use std::collections::HashMap;
 
     fn settings(pairs: &[(&str, &str)]) -> Result<Settings, DockerError> {
@@ -160,7 +177,7 @@ mod tests {
             .collect();
         env.insert("SANDBOX_PROVIDER".into(), "docker".into());
         env.insert("PLIMSOLL_INSECURE".into(), "1".into());
-        Settings::new(&Config::from_env(&env).unwrap())
+        Settings::from_config(&Config::from_env(&env).unwrap())
     }
 
     #[test]

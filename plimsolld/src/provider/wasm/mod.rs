@@ -2,8 +2,10 @@
 //! wasmtime inside plimsolld (providers.md §3). Tier `process`.
 //!
 //! The guest (`wasm-guest/`, built by `build.rs`) is embedded in the binary and named by
-//! the SHA-256 of its bytes: the environment identity `quickjs-wasm:sha256:<hex>` that
-//! `Describe` states and every record carries. At startup, [`Provider::preflight`]
+//! the SHA-256 of its bytes: `quickjs-wasm:sha256:<hex>`, which `Describe` states and every
+//! record carries as both the environment identity (the outer artifact) and the software
+//! identity (the executable a caller's software rule names): here the module is both, and
+//! its digest is a content address no other build can state. At startup, [`Provider::preflight`]
 //! compiles it once (or loads the cached artifact, see [`cache`]) into an engine with
 //! epoch interruption, and [`Provider::prove`] runs `console.log(6*7)` through exactly the
 //! run path. Each snippet then gets a fresh store and instance on a blocking thread, so a
@@ -28,6 +30,7 @@
 //! dispatch.
 
 pub mod cache;
+mod config;
 pub mod engine;
 pub mod host_call;
 pub mod limits;
@@ -46,6 +49,7 @@ use super::{
     TierEvidence,
 };
 use crate::config::Config;
+pub use config::WasmConfig;
 use engine::Prepared;
 
 /// The provider id `Describe` and records name.
@@ -86,6 +90,9 @@ pub enum WasmError {
     /// A run arrived before preflight prepared the engine.
     #[error("the wasm provider is not prepared (preflight has not run)")]
     NotPrepared,
+    /// A granted run's grant came without a socket (the wasm host functions call one).
+    #[error("the grant broker gave the wasm run no socket; nothing ran")]
+    GrantNotASocket,
     /// The startup snippet did not print what it must.
     #[error(
         "the startup snippet {PROOF_CODE:?} gave exit {exit_code} (timed out: {timed_out}), \
@@ -105,7 +112,7 @@ pub enum WasmError {
 
 impl From<WasmError> for ProviderError {
     fn from(e: WasmError) -> ProviderError {
-        ProviderError::Infrastructure(e.to_string())
+        ProviderError::infrastructure(e)
     }
 }
 
@@ -133,7 +140,7 @@ impl Wasm {
         }
     }
 
-    /// The environment identity: `quickjs-wasm:sha256:<hex of the guest module>`.
+    /// The environment and software identity: `quickjs-wasm:sha256:<hex of the guest module>`.
     pub fn identity(&self) -> &str {
         &self.identity
     }
@@ -221,17 +228,14 @@ impl Provider for Wasm {
             supports_javascript_grants: true,
             javascript: Environment {
                 identity: self.identity.clone(),
+                default_timeout_ms: DEFAULT_TIMEOUT_MS,
                 max_timeout_ms: MAX_TIMEOUT_MS,
-                software_identity: String::new(),
+                software_identity: self.identity.clone(),
                 languages: vec!["javascript".to_owned()],
             },
             resources: self.resources,
             ..Description::default()
         }
-    }
-
-    fn default_timeout_ms(&self) -> u32 {
-        DEFAULT_TIMEOUT_MS
     }
 
     async fn run_snippet(&self, run: SnippetRun) -> Result<SnippetOutcome, ProviderError> {
@@ -242,7 +246,9 @@ impl Provider for Wasm {
                 input.push(0);
                 input.extend_from_slice(run.code.as_bytes());
                 let relay = host_call::Relay {
-                    socket: grant.socket.clone(),
+                    // The wasm provider asks for socket delivery; a grant without one is a
+                    // broker fault and the run is refused before anything runs.
+                    socket: grant.socket().ok_or(WasmError::GrantNotASocket)?.to_owned(),
                     // The engine sets its own deadline here when the run starts.
                     deadline: std::time::Instant::now() + run.timeout,
                     runtime: tokio::runtime::Handle::current(),
@@ -270,7 +276,7 @@ impl Provider for Wasm {
             stderr_truncated: exit.stderr.truncated,
             duration: exit.duration,
             environment: self.identity.clone(),
-            software_identity: String::new(),
+            software_identity: self.identity.clone(),
             instance: String::new(),
         })
     }

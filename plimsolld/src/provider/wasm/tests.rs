@@ -52,12 +52,13 @@ async fn describe_states_the_embedded_guest_and_nothing_it_cannot_do() {
     assert_eq!(d.sandbox, "wasm");
     assert_eq!(d.javascript.identity, format!("quickjs-wasm:sha256:{hex}"));
     assert_eq!(d.javascript.max_timeout_ms, 30_000);
-    assert_eq!(d.javascript.software_identity, "");
+    // The module is the software too: a rule can name it by the same content address.
+    assert_eq!(d.javascript.software_identity, d.javascript.identity);
     assert!(!d.supports_project && !d.supports_module && !d.supports_sessions);
     // Snippets reach a grant through `host_call`; projects do not run here at all.
     assert!(d.supports_javascript_grants && !d.supports_project_grants);
     assert_eq!(d.project, Environment::default());
-    assert_eq!(provider.default_timeout_ms(), 5_000);
+    assert_eq!(d.javascript.default_timeout_ms, 5_000);
 }
 
 #[tokio::test]
@@ -74,7 +75,16 @@ async fn tier_is_process_only_once_prepared() {
         })
         .await
         .expect_err("nothing runs before preflight");
-    assert!(matches!(err, ProviderError::Infrastructure(_)), "{err:?}");
+    // The cause stays typed under the infrastructure error.
+    match err {
+        ProviderError::Infrastructure(cause) => {
+            assert!(
+                matches!(cause.downcast_ref(), Some(WasmError::NotPrepared)),
+                "{cause}"
+            )
+        }
+        other => panic!("expected an infrastructure error, got {other:?}"),
+    }
     let _one_at_a_time = PREPARING.lock().await;
     assert_eq!(
         provider.preflight().await.expect("preflight").tier,
@@ -93,6 +103,7 @@ async fn proof_runs_six_times_seven_through_the_run_path() {
     assert_eq!(out.stdout, b"42\n");
     assert_eq!(out.exit_code, 0);
     assert_eq!(out.environment, provider.identity());
+    assert_eq!(out.software_identity, provider.identity());
     assert_eq!(out.instance, "");
 }
 
@@ -302,10 +313,10 @@ impl SocketServer {
     }
 
     fn grant(&self) -> std::sync::Arc<crate::grant::GuestGrant> {
-        std::sync::Arc::new(crate::grant::GuestGrant {
-            socket: self.dir.path().join("host-api.sock"),
-            global: "api".into(),
-            allow: vec![
+        std::sync::Arc::new(crate::grant::GuestGrant::new(
+            crate::grant::GuestAccess::Socket(self.dir.path().join("host-api.sock")),
+            "api".into(),
+            vec![
                 crate::grant::Route {
                     m: "GET".into(),
                     p: "/items/*".into(),
@@ -323,8 +334,8 @@ impl SocketServer {
                     p: "/items".into(),
                 },
             ],
-            preamble: "globalThis.preambleRan = true;".into(),
-        })
+            "globalThis.preambleRan = true;".into(),
+        ))
     }
 }
 

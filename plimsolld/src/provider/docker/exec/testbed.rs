@@ -23,8 +23,17 @@ pub(in crate::provider::docker) const RUNTIME_VAR: &str = "PLIMSOLL_TEST_DOCKER_
 pub(in crate::provider::docker) const SKIP_VAR: &str = "PLIMSOLL_TEST_DOCKER_SKIP";
 /// The local Engine socket.
 const SOCKET: &str = "/var/run/docker.sock";
-/// The project image (node, python3, sh, the runner guard).
-pub(in crate::provider::docker) const IMAGE: &str = "plimsoll/sandbox:latest";
+/// The prefix `images/build` tagged the images under (`plimsoll` unless set).
+const PREFIX_VAR: &str = "PLIMSOLL_IMAGE_PREFIX";
+
+/// The project image (node, python3, sh, the runner guard): `<prefix>/sandbox:latest`.
+fn image() -> String {
+    let prefix = std::env::var(PREFIX_VAR)
+        .ok()
+        .filter(|p| !p.is_empty())
+        .unwrap_or_else(|| "plimsoll".to_owned());
+    format!("{prefix}/sandbox:latest")
+}
 /// The guest uid and gid.
 pub(in crate::provider::docker) const GUEST_USER: &str = "61000:61000";
 /// Guest processes.
@@ -63,8 +72,9 @@ impl Testbed {
             Ok(e) => e,
             Err(e) => return skip(&format!("docker does not answer ({e})")),
         };
-        if let Err(e) = engine.inspect_image(IMAGE).await {
-            return skip(&format!("image {IMAGE} is missing ({e}); run images/build"));
+        let image = image();
+        if let Err(e) = engine.inspect_image(&image).await {
+            return skip(&format!("image {image} is missing ({e}); run images/build"));
         }
         let runsc = runsc();
         let name = format!("plsm-test-{}", hex::encode(rand::random::<[u8; 8]>()));
@@ -108,7 +118,7 @@ impl Testbed {
             ..Default::default()
         };
         let body = ContainerCreateBody {
-            image: Some(IMAGE.to_owned()),
+            image: Some(image),
             entrypoint: Some(vec!["/usr/bin/env".to_owned()]),
             cmd: Some(vec![
                 "-i".to_owned(),

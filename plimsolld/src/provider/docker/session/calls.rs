@@ -7,6 +7,7 @@ use std::time::Duration;
 use plimsoll::wire::SessionEnd;
 use tokio::time::Instant;
 
+use super::super::DockerError;
 use super::super::container::{EXIT_TIMED_OUT, Finished, random_hex};
 use super::super::exec::{self, ExecOutcome, ExecSpec};
 use super::super::lockdown::START_SCRIPT;
@@ -85,8 +86,8 @@ impl DockerSession {
             (true, _) => EXIT_TIMED_OUT,
             (false, Some(code)) => i32::try_from(code).unwrap_or(i32::MAX),
             (false, None) => {
-                return Err(SessionFault::Infrastructure(
-                    "docker recorded no exit code for a session command".to_owned(),
+                return Err(SessionFault::infrastructure(
+                    "docker recorded no exit code for a session command",
                 ));
             }
         };
@@ -113,7 +114,7 @@ impl DockerSession {
     /// stopped or paused, else an infrastructure error (the detail goes to the log only).
     async fn lost(&self, detail: &str) -> SessionFault {
         match end_for(&self.engine, &self.id, SessionEnd::SESSION_END_UNSPECIFIED).await {
-            SessionEnd::SESSION_END_UNSPECIFIED => SessionFault::Infrastructure(detail.to_owned()),
+            SessionEnd::SESSION_END_UNSPECIFIED => SessionFault::infrastructure(detail),
             reason => SessionFault::ended(reason, "the session's sandbox stopped during the call"),
         }
     }
@@ -143,7 +144,7 @@ impl DockerSession {
             stderr_truncated: ran.out.stderr_truncated,
             duration: ran.duration,
             environment: self.image.id.clone(),
-            software_identity: String::new(),
+            software_identity: self.image.software_identity(),
             instance: self.instance(),
         })
     }
@@ -165,7 +166,7 @@ impl DockerSession {
         let runner_plan =
             project::runner_plan(&plan, &self.image, budget, proc_checks, host_sdk.as_deref());
         let stdin = runner::stdin(&key, &runner_plan)
-            .map_err(|e| SessionFault::Infrastructure(format!("project plan: {e}")))?;
+            .map_err(|e| SessionFault::infrastructure(DockerError::Plan(e)))?;
         let marker = format!("plimsoll-started:{}", random_hex());
         let guard = format!("LD_PRELOAD={GUARD}");
         let argv = started(&marker, &[guard], &["node", RUNNER]);
@@ -189,7 +190,7 @@ impl DockerSession {
         Ok(ProjectReport {
             result: project::classify(&finished, &key, &plan.artifacts),
             environment: self.image.id.clone(),
-            software_identity: String::new(),
+            software_identity: self.image.software_identity(),
             instance: self.instance(),
         })
     }

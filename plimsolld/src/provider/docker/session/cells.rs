@@ -37,6 +37,15 @@ impl DockerSession {
             .collect()
     }
 
+    /// The identities of every live interpreter (without the relays, which are plimsoll's).
+    pub(super) fn interpreter_process_ids(&mut self) -> Vec<String> {
+        self.interpreters()
+            .iter()
+            .filter(|i| i.is_alive())
+            .map(Interpreter::interpreter_id)
+            .collect()
+    }
+
     /// Ends interpreters that died or were dropped, so a fresh one can be proven unique.
     pub(super) async fn forget_dead_interpreters(&mut self) {
         let (alive, dead): (Vec<Interpreter>, Vec<Interpreter>) =
@@ -139,6 +148,6 @@ fn refusal(e: CellError) -> SessionFault {
                 "the {language} interpreter could not be started or reached; nothing ran"
             )))
         }
-        lost @ CellError::Lost { .. } => SessionFault::Infrastructure(lost.to_string()),
+        lost @ CellError::Lost { .. } => SessionFault::infrastructure(lost),
     }
 }

@@ -1,5 +1,5 @@
 //! The session container (providers.md §9.1–§9.2): created detached with the lockdown of
-//! §5.4, docker-init as PID 1 and `sleep` as its only child; verified by inspection right
+//! §5.4, docker-init as PID 1 and `sleep` as its only child, both as uid+1; verified by inspection right
 //! after the start; and read back against that first inspection before every call.
 
 use std::collections::HashMap;
@@ -23,6 +23,8 @@ pub const NAME_PREFIX: &str = "plsm-session-";
 pub const LABEL_SESSION: &str = "io.plimsoll.session";
 /// The session container's only guest-visible process besides docker-init.
 pub const SLEEP_ARGV: [&str; 2] = ["sleep", "2147483647"];
+/// The session's work directory.
+const WORK: &str = "/work";
 /// The budget of one Engine call made here.
 const CALL_BUDGET: Duration = Duration::from_secs(10);
 
@@ -68,6 +70,11 @@ pub fn body(settings: &Settings, create: &Create<'_>) -> ContainerCreateBody {
             .chain(argv)
             .collect(),
     );
+    // docker-init and `sleep` run as uid+1 (the checker identity, which no session code
+    // has): session code can neither trace, signal nor open the `/proc` entries of the
+    // processes the sweep keeps, with or without Yama, under runc and gVisor alike. Every
+    // exec names its own user.
+    body.user = Some(keeper_user(settings));
     body.attach_stdin = Some(false);
     body.attach_stdout = Some(false);
     body.attach_stderr = Some(false);
@@ -75,6 +82,14 @@ pub fn body(settings: &Settings, create: &Create<'_>) -> ContainerCreateBody {
     body.stdin_once = Some(false);
     if let Some(host) = body.host_config.as_mut() {
         host.init = Some(true);
+        // The work directory belongs to the guest uid, which every call and cell runs as, so
+        // a client can restore a saved tree into it (`tar -x` sets the mode and times of
+        // `.`, which only the owner may do). Its mode stays 1777 (under runc docker copies
+        // the image directory's mode onto the tmpfs anyway). One-shot projects keep root's
+        // `/work`, which their runner (uid+1) writes into.
+        if let Some(work) = host.tmpfs.as_mut().and_then(|t| t.get_mut(WORK)) {
+            work.push_str(&format!(",uid={0},gid={0}", settings.guest_uid));
+        }
     }
     let labels = body.labels.get_or_insert_with(HashMap::new);
     labels.insert(LABEL_SESSION.to_owned(), "1".to_owned());
@@ -82,6 +97,12 @@ pub fn body(settings: &Settings, create: &Create<'_>) -> ContainerCreateBody {
     labels.insert(LABEL_INSTANCE.to_owned(), create.instance.to_owned());
     labels.insert(LABEL_ROLE.to_owned(), "session".to_owned());
     body
+}
+
+/// `uid:gid` the container's own processes (docker-init and `sleep`) run as: uid+1.
+pub fn keeper_user(settings: &Settings) -> String {
+    let keeper = settings.guest_uid.saturating_add(1);
+    format!("{keeper}:{keeper}")
 }
 
 /// The verification right after the start: the verified image, running and not paused, no
@@ -306,6 +327,40 @@ mod tests {
         let mut no_init = inspected();
         no_init.host_config.as_mut().unwrap().init = Some(false);
         assert!(verify(&no_init, "sha256:abc").unwrap_err().contains("init"));
+    }
+
+    #[test]
+    fn the_session_work_directory_belongs_to_the_guest() {
+        let env: HashMap<String, String> = [
+            ("SANDBOX_PROVIDER", "docker"),
+            ("PLIMSOLL_INSECURE", "1"),
+            ("SANDBOX_GUEST_UID", "52000"),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_owned(), v.to_owned()))
+        .collect();
+        let config = crate::config::Config::from_env(&env).unwrap();
+        let settings = Settings::from_config(&config).unwrap();
+        let image = VerifiedImage {
+            reference: "plimsoll/sandbox:latest".to_owned(),
+            id: "sha256:abc".to_owned(),
+            env: Vec::new(),
+            software: Ok(String::new()),
+        };
+        let create = Create {
+            image: &image,
+            expires: 1_700_000_000,
+            instance: "session-feedface",
+            seccomp: None,
+            socket: None,
+        };
+        let body = body(&settings, &create);
+        let tmpfs = body.host_config.as_ref().unwrap().tmpfs.as_ref().unwrap();
+        assert_eq!(
+            tmpfs[WORK],
+            "rw,noexec,nosuid,size=128m,mode=1777,uid=52000,gid=52000"
+        );
+        assert_eq!(tmpfs["/tmp"], "rw,noexec,nosuid,size=16m");
     }
 
     #[test]

@@ -24,6 +24,7 @@ use async_trait::async_trait;
 use plimsoll::refusal::Refusal;
 use plimsoll::wire::SessionEnd;
 
+use super::config::SeccompSetting;
 use super::engine::Engine;
 use super::preflight::VerifiedImage;
 use super::settings::Settings;
@@ -52,6 +53,8 @@ pub struct DockerSession {
     removed: bool,
     /// The languages the image runs (proven at startup).
     languages: Vec<String>,
+    /// The interpreters held stopped during a granted call.
+    held: Vec<String>,
     /// At most one interpreter per language. Behind a mutex only so the session is `Sync`
     /// (an interpreter's relay stream is not); every use goes through `&mut self`.
     interpreters: std::sync::Mutex<Vec<cell::Interpreter>>,
@@ -63,7 +66,11 @@ pub(super) async fn open(
     open: SessionOpen,
 ) -> Result<OpenedSession, ProviderError> {
     let verified = inner.readiness.check().await.map_err(not_ready)?;
-    check_yama(inner.settings.runtime.is_runsc())?;
+    let seccomp = session_seccomp(
+        &inner.settings,
+        verified.seccomp.as_deref(),
+        read_ptrace_scope(),
+    )?;
     let name = format!("{NAME_PREFIX}{}", random_hex());
     let expires = unix_now() + open.lifetime.as_secs() + 1;
     let instance = format!("session-{}", inner.instance);
@@ -73,7 +80,7 @@ pub(super) async fn open(
             image: &verified.project,
             expires,
             instance: &instance,
-            seccomp: verified.seccomp.as_deref(),
+            seccomp,
             socket: open.host_socket.as_deref(),
         },
     );
@@ -89,6 +96,7 @@ pub(super) async fn open(
         paused: false,
         disk_mb: open.disk_mb,
         removed: false,
+        held: Vec::new(),
         languages: inner
             .languages
             .read()
@@ -106,33 +114,78 @@ pub(super) async fn open(
             let instance = session.instance();
             Ok(OpenedSession {
                 environment: session.image.id.clone(),
-                software_identity: String::new(),
+                software_identity: session.image.software_identity(),
                 instance,
                 sandbox: Box::new(session),
             })
         }
         Err(detail) => {
             session.finish().await;
-            Err(ProviderError::Infrastructure(format!(
+            Err(ProviderError::infrastructure(format!(
                 "session open: {detail}"
             )))
         }
     }
 }
 
-/// Yama's `ptrace_scope` must not be 0 under runc: a same-uid guest could otherwise attach
-/// to a dumpable plimsoll process in the container. gVisor's own kernel answers ptrace
-/// there, and a host without Yama relies on the guard's non-dumpability alone.
-fn check_yama(runsc: bool) -> Result<(), ProviderError> {
-    if runsc {
-        return Ok(());
+/// Yama's `ptrace_scope` on the host; a kernel without the Yama file reads as 0, which is
+/// what it means (any same-uid process may attach).
+fn read_ptrace_scope() -> u32 {
+    std::fs::read_to_string(YAMA_PTRACE_SCOPE)
+        .ok()
+        .and_then(|text| text.trim().parse().ok())
+        .unwrap_or(0)
+}
+
+/// The syscalls session code must not have when nothing else stops a same-uid attach.
+const TRACING_SYSCALLS: [&str; 3] = ["ptrace", "process_vm_readv", "process_vm_writev"];
+
+/// The seccomp profile a session container gets. Every kept process is already out of
+/// session code's reach without Yama: docker-init and `sleep` run as uid+1, the relays and
+/// interpreters are non-dumpable. Under runc with `ptrace_scope` 0 (or no Yama) the tracing
+/// calls are withheld as well: docker's built-in profile allows them, so a session then gets
+/// the shipped profile; a profile that allows them (or `unconfined`) is refused. gVisor's
+/// own kernel answers ptrace under runsc, where no seccomp profile applies.
+fn session_seccomp<'a>(
+    settings: &Settings,
+    verified: Option<&'a str>,
+    ptrace_scope: u32,
+) -> Result<Option<&'a str>, ProviderError> {
+    if settings.runtime.is_runsc() || ptrace_scope > 0 {
+        return Ok(verified);
     }
-    match std::fs::read_to_string(YAMA_PTRACE_SCOPE) {
-        Ok(text) if text.trim() == "0" => Err(ProviderError::Refused(Refusal::Environment(
-            "the host's Yama ptrace_scope is 0; sessions under runc need 1 or more; nothing ran"
-                .to_owned(),
-        ))),
-        _ => Ok(()),
+    let refused = |why: &str| {
+        ProviderError::Refused(Refusal::Environment(format!(
+            "the host's Yama ptrace_scope is 0 or absent and {why}; sessions under runc then need a seccomp profile that withholds ptrace (the shipped one, or docker's default, which plimsolld replaces with it); nothing ran"
+        )))
+    };
+    match &settings.seccomp {
+        SeccompSetting::DockerDefault => Ok(Some(seccomp::PROFILE_JSON)),
+        SeccompSetting::Unconfined => Err(refused("SANDBOX_DOCKER_SECCOMP is unconfined")),
+        SeccompSetting::Profile(_) => {
+            let text = verified.unwrap_or_default();
+            let profile = seccomp::Profile::parse(text)
+                .map_err(|_| refused("the seccomp profile does not parse"))?;
+            if TRACING_SYSCALLS
+                .iter()
+                .all(|name| withholds(&profile, name))
+            {
+                Ok(verified)
+            } else {
+                Err(refused(
+                    "the seccomp profile allows ptrace or process_vm_readv/writev",
+                ))
+            }
+        }
+    }
+}
+
+/// Whether `profile` fails `name` whatever its arguments.
+fn withholds(profile: &seccomp::Profile, name: &str) -> bool {
+    match profile.verdict(name) {
+        seccomp::Verdict::Errno(_) => true,
+        seccomp::Verdict::Default => profile.denies_by_default(),
+        seccomp::Verdict::Allowed | seccomp::Verdict::Filtered => false,
     }
 }
 
@@ -194,6 +247,50 @@ impl SessionSandbox for DockerSession {
         self.run_snippet(code, timeout, grant.as_deref()).await
     }
 
+    async fn hold_kept(&mut self) -> Result<u32, SessionFault> {
+        self.forget_dead_interpreters().await;
+        let ids = self.interpreter_process_ids();
+        if ids.is_empty() {
+            return Ok(0);
+        }
+        let user = self.settings.user();
+        match boundary::hold(&self.engine, &self.id, &user, &ids).await {
+            Ok(()) => {
+                let held = u32::try_from(ids.len()).unwrap_or(u32::MAX);
+                self.held = ids;
+                Ok(held)
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "the session's interpreters could not be held for a granted call");
+                self.held = ids;
+                self.release_kept().await;
+                Err(SessionFault::Refused(Refusal::Environment(
+                    "the session's cell interpreters could not be held stopped for the granted call; nothing ran".to_owned(),
+                )))
+            }
+        }
+    }
+
+    async fn release_kept(&mut self) {
+        let ids = std::mem::take(&mut self.held);
+        if ids.is_empty() {
+            return;
+        }
+        let user = self.settings.user();
+        match boundary::release(&self.engine, &self.id, &user, &ids).await {
+            Ok(true) => {}
+            Ok(false) => tracing::warn!(
+                container = %self.name,
+                "a cell interpreter held for a granted call was running again before its release"
+            ),
+            Err(e) => {
+                // An interpreter left stopped would hang the next cell: end them all.
+                tracing::warn!(error = %e, "held interpreters could not be resumed; ending them");
+                self.end_interpreters().await;
+            }
+        }
+    }
+
     async fn project(&mut self, plan: ProjectPlan) -> Result<ProjectReport, SessionFault> {
         // Quiesce: no interpreter may outlive into a project call (it could read the
         // runner's stdin, which carries the report key, before the guard loads).
@@ -249,5 +346,47 @@ impl SessionSandbox for DockerSession {
         {
             tracing::info!(container = %self.name, "session container removed");
         }
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used)]
+mod tests {
+    use std::collections::HashMap;
+
+    use super::*;
+    use crate::config::Config;
+
+    fn settings(pairs: &[(&str, &str)]) -> Settings {
+        let mut env: HashMap<String, String> = pairs
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+            .collect();
+        env.insert("SANDBOX_PROVIDER".into(), "docker".into());
+        env.insert("PLIMSOLL_INSECURE".into(), "1".into());
+        Settings::from_config(&Config::from_env(&env).unwrap()).unwrap()
+    }
+
+    #[test]
+    fn without_yama_runc_sessions_withhold_ptrace_or_are_refused() {
+        let default = settings(&[]);
+        // Yama restricts ptrace: the operator's setting stands.
+        assert_eq!(session_seccomp(&default, None, 1).unwrap(), None);
+        // No Yama (or 0): docker's default gives way to the shipped profile.
+        assert_eq!(
+            session_seccomp(&default, None, 0).unwrap(),
+            Some(seccomp::PROFILE_JSON)
+        );
+        let unconfined = settings(&[("SANDBOX_DOCKER_SECCOMP", "unconfined")]);
+        assert!(session_seccomp(&unconfined, Some("unconfined"), 0).is_err());
+        let shipped = settings(&[("SANDBOX_DOCKER_SECCOMP", "/p.json")]);
+        assert_eq!(
+            session_seccomp(&shipped, Some(seccomp::PROFILE_JSON), 0).unwrap(),
+            Some(seccomp::PROFILE_JSON)
+        );
+        let lax = r#"{"defaultAction":"SCMP_ACT_ALLOW","syscalls":[]}"#;
+        assert!(session_seccomp(&shipped, Some(lax), 0).is_err());
+        let runsc = settings(&[("SANDBOX_DOCKER_RUNTIME", "runsc")]);
+        assert_eq!(session_seccomp(&runsc, None, 0).unwrap(), None);
     }
 }

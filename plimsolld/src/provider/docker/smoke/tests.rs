@@ -39,7 +39,7 @@ fn settings(runtime: &str) -> Settings {
     .into_iter()
     .map(|(k, v)| (k.to_owned(), v.to_owned()))
     .collect();
-    Settings::new(&Config::from_env(&env).unwrap()).unwrap()
+    Settings::from_config(&Config::from_env(&env).unwrap()).unwrap()
 }
 
 fn report(mounts: &str, runsc: bool) -> ProbeReport {

@@ -20,6 +20,11 @@
   const { createRequire } = require('module');
 
   const dir = process.argv[1];
+  // The launcher preloads the runner guard (this process is now non-dumpable); the processes
+  // cells start do not inherit it.
+  if (process.env.LD_PRELOAD === '/usr/local/lib/plimsoll-runner-guard.so') {
+    delete process.env.LD_PRELOAD;
+  }
   const INSPECT = { depth: 4, maxArrayLength: 100, maxStringLength: 10000 };
   // How long a marker write may wait for the stream to drain (the code may have broken it).
   const FLUSH_MS = 1000;

@@ -26,6 +26,10 @@ def _plimsoll_kernel():
     import types
 
     kernel_dir = sys.argv[1]
+    # The launcher preloads the runner guard (this process is now non-dumpable); the processes
+    # cells start do not inherit it.
+    if os.environ.get("LD_PRELOAD") == "/usr/local/lib/plimsoll-runner-guard.so":
+        del os.environ["LD_PRELOAD"]
     sys.argv = [""]
     # Isolated mode leaves the working directory off the path; cells may import from /work.
     sys.path.insert(0, "")

@@ -107,6 +107,11 @@ pub fn launcher_argv(language: CellLanguage, guest: &Guest) -> Vec<String> {
         marker,
     ];
     command.extend(guest.image_env.iter().cloned());
+    // The runner guard makes the interpreter non-dumpable before its first instruction, so
+    // no other session process (a snippet, the other language's cells) can trace it or open
+    // its memory, with or without Yama. The kernel takes the variable out of its own
+    // environment, so the processes cells start are as before.
+    command.push(format!("LD_PRELOAD={GUARD}"));
     command.extend(language.interpreter_argv());
     let env = [
         format!("{ENV_INTERP_DIR}={}", language.dir()),

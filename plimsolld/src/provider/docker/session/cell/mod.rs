@@ -230,6 +230,11 @@ impl Interpreter {
             .collect()
     }
 
+    /// The interpreter's identity (the process cells run in).
+    pub fn interpreter_id(&self) -> String {
+        self.interpreter.to_string()
+    }
+
     /// Whether the relay still answers and no cell dropped the interpreter.
     pub fn is_alive(&self) -> bool {
         self.alive.load(Ordering::SeqCst)
@@ -304,6 +309,12 @@ impl Interpreter {
         deadline: Instant,
     ) -> Result<Prepared, CellError> {
         let language = self.language.name();
+        // Checked before the first byte goes out: a write that completes at once would
+        // otherwise win the race against an already-passed deadline, and the code would run.
+        if Instant::now() >= deadline {
+            self.drop_interpreter();
+            return Err(CellError::Unsent { language });
+        }
         let unreachable = |reason: String| CellError::Unreachable { language, reason };
         let files: Vec<serde_json::Value> = files
             .iter()

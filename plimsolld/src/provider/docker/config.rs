@@ -8,15 +8,22 @@
 //! daemon, its runtimes, the images) is the provider's preflight.
 //!
 //! `SANDBOX_DOCKER_*`, `DOCKER_HOST` and `DOCKER_CONTEXT` are only judged when the provider is
-//! `docker`; `SANDBOX_GUEST_UID` set for another provider is refused (it would promise an
-//! identity nothing enforces).
+//! `docker`. The provider's hardened-mode rules (config.md §10: runsc for the kernel tier,
+//! pinned images and a syscall filter, processes and a memory budget in the envelope) are
+//! here too, on [`DockerConfig`]'s [`ProviderSettings`].
 
 use std::fmt;
 use std::path::PathBuf;
+use std::sync::Arc;
 
-use super::env::*;
-use super::value::{self, ScalarError};
-use super::{ConfigProblem, ProviderKind, Reader, shown};
+use plimsoll::tier::IsolationTier;
+
+use super::Docker;
+use crate::config::env::*;
+use crate::config::value::{self, ScalarError};
+use crate::config::{Config, ConfigProblem, Reader, shown};
+use crate::provider::config::{ProviderSettings, SharedSettings};
+use crate::provider::{Provider, ProviderError};
 
 /// systemd's dynamic uid bands: a guest uid (or uid+1) inside one could be a host service's.
 pub const SYSTEMD_UID_BANDS: &[(u32, u32)] =
@@ -80,6 +87,9 @@ pub struct DockerConfig {
     pub image: String,
     /// `SANDBOX_DOCKER_PROJECT_IMAGE`, exactly as written.
     pub project_image: String,
+    /// `SANDBOX_DOCKER_MODULE_IMAGE`, exactly as written; `None` when unset (modules are then
+    /// unsupported).
+    pub module_image: Option<String>,
     /// `SANDBOX_DOCKER_RUNTIME`.
     pub runtime: DockerRuntime,
     /// `SANDBOX_DOCKER_SECCOMP`.
@@ -98,6 +108,7 @@ impl Default for DockerConfig {
         DockerConfig {
             image: DEFAULT_DOCKER_IMAGE.to_owned(),
             project_image: DEFAULT_DOCKER_PROJECT_IMAGE.to_owned(),
+            module_image: None,
             runtime: DockerRuntime::Default,
             seccomp: SeccompSetting::DockerDefault,
             guest_uid: DEFAULT_GUEST_UID,
@@ -107,9 +118,9 @@ impl Default for DockerConfig {
     }
 }
 
-/// Whether `reference` names content rather than a movable tag: `name@sha256:<64 hex>`, or a
-/// bare content id `sha256:<64 hex>` (images built here by `docker import` have no registry
-/// digest, so their id is the only pin they can have).
+/// Whether `reference` names content rather than a movable tag: `name@sha256:<64 hex>` (a
+/// registry's manifest digest, as `images/build` records for its images), or a bare content id
+/// `sha256:<64 hex>` (an image built or imported locally has no other pin).
 pub fn is_pinned(reference: &str) -> bool {
     let digest = match reference.rsplit_once('@') {
         Some((name, digest)) if !name.is_empty() => digest,
@@ -157,7 +168,8 @@ pub fn docker_socket(value: &str) -> Result<PathBuf, &'static str> {
     }
 }
 
-fn image_reference_problem(reference: &str, pinned: bool) -> Option<&'static str> {
+/// Why an image reference is refused as written (and, with `pinned`, when it is not pinned).
+pub(crate) fn image_reference_problem(reference: &str, pinned: bool) -> Option<&'static str> {
     if reference.is_empty() {
         Some("must not be empty")
     } else if reference.trim() != reference {
@@ -186,39 +198,25 @@ fn runtime_name_ok(name: &str) -> bool {
             .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'))
 }
 
-impl Reader<'_> {
-    /// Reads the docker settings. Only `SANDBOX_REQUIRE_PINNED_IMAGES` (a strict boolean
-    /// several providers share) and the other-provider rule of `SANDBOX_GUEST_UID` are judged
-    /// when the provider is not docker.
-    pub(super) fn docker(&mut self, provider: Option<ProviderKind>) -> DockerConfig {
+// === impl ProviderSettings for DockerConfig ===
+
+impl ProviderSettings for DockerConfig {
+    fn read(r: &mut Reader<'_>, shared: &SharedSettings) -> DockerConfig {
         let mut config = DockerConfig {
-            require_pinned_images: self.boolean(ENV_REQUIRE_PINNED_IMAGES),
+            require_pinned_images: shared.require_pinned_images,
             ..DockerConfig::default()
         };
-        let uid_text = self.trimmed(ENV_GUEST_UID);
-        if provider != Some(ProviderKind::Docker) {
-            if !uid_text.is_empty()
-                && let Some(provider) = provider
-            {
-                self.problems.push(ConfigProblem::DockerSetting {
-                    var: ENV_GUEST_UID,
-                    value: shown(&uid_text),
-                    reason: format!("only the docker provider has a guest uid, not {provider}"),
-                });
-            }
-            return config;
-        }
-
+        let uid_text = r.trimmed(ENV_GUEST_UID);
         for (var, slot) in [
             (ENV_DOCKER_IMAGE, &mut config.image),
             (ENV_DOCKER_PROJECT_IMAGE, &mut config.project_image),
         ] {
             // Not trimmed: a reference with stray whitespace is refused, never repaired.
-            if let Some(value) = self.env.get(var).filter(|v| !v.is_empty()) {
+            if let Some(value) = r.env.get(var).filter(|v| !v.is_empty()) {
                 *slot = value;
             }
             if let Some(reason) = image_reference_problem(slot, config.require_pinned_images) {
-                self.problems.push(ConfigProblem::DockerSetting {
+                r.problems.push(ConfigProblem::ProviderSetting {
                     var,
                     value: shown(slot),
                     reason: reason.to_owned(),
@@ -226,13 +224,25 @@ impl Reader<'_> {
             }
         }
 
-        let runtime = self.trimmed(ENV_DOCKER_RUNTIME);
+        // Optional: unset (or empty) leaves modules unsupported rather than naming a default.
+        if let Some(module) = r.env.get(ENV_DOCKER_MODULE_IMAGE).filter(|v| !v.is_empty()) {
+            if let Some(reason) = image_reference_problem(&module, config.require_pinned_images) {
+                r.problems.push(ConfigProblem::ProviderSetting {
+                    var: ENV_DOCKER_MODULE_IMAGE,
+                    value: shown(&module),
+                    reason: reason.to_owned(),
+                });
+            }
+            config.module_image = Some(module);
+        }
+
+        let runtime = r.trimmed(ENV_DOCKER_RUNTIME);
         config.runtime = if runtime.is_empty() {
             DockerRuntime::Default
         } else if runtime_name_ok(&runtime) {
             DockerRuntime::Named(runtime)
         } else {
-            self.problems.push(ConfigProblem::DockerSetting {
+            r.problems.push(ConfigProblem::ProviderSetting {
                 var: ENV_DOCKER_RUNTIME,
                 value: shown(&runtime),
                 reason: "must be a runtime name such as runsc (letters, digits, '.', '_', '-')"
@@ -241,7 +251,7 @@ impl Reader<'_> {
             DockerRuntime::Default
         };
 
-        let seccomp = self.trimmed(ENV_DOCKER_SECCOMP);
+        let seccomp = r.trimmed(ENV_DOCKER_SECCOMP);
         config.seccomp = match seccomp.as_str() {
             "" | "default" => SeccompSetting::DockerDefault,
             "unconfined" => SeccompSetting::Unconfined,
@@ -254,19 +264,19 @@ impl Reader<'_> {
                     let uid = u32::try_from(n).unwrap_or(0);
                     match guest_uid_problem(uid) {
                         None => config.guest_uid = uid,
-                        Some(reason) => self.problems.push(ConfigProblem::DockerSetting {
+                        Some(reason) => r.problems.push(ConfigProblem::ProviderSetting {
                             var: ENV_GUEST_UID,
                             value: shown(&uid_text),
                             reason,
                         }),
                     }
                 }
-                Err(ScalarError::NotInteger) => self.problems.push(ConfigProblem::NotInteger {
+                Err(ScalarError::NotInteger) => r.problems.push(ConfigProblem::NotInteger {
                     var: ENV_GUEST_UID,
                     value: shown(&uid_text),
                     example: "61000",
                 }),
-                Err(_) => self.problems.push(ConfigProblem::DockerSetting {
+                Err(_) => r.problems.push(ConfigProblem::ProviderSetting {
                     var: ENV_GUEST_UID,
                     value: shown(&uid_text),
                     reason: format!("must be between 1 and {MAX_GUEST_UID}"),
@@ -274,18 +284,18 @@ impl Reader<'_> {
             }
         }
 
-        let host = self.trimmed(ENV_DOCKER_HOST);
+        let host = r.trimmed(ENV_DOCKER_HOST);
         match docker_socket(&host) {
             Ok(socket) => config.socket = socket,
-            Err(reason) => self.problems.push(ConfigProblem::DockerSetting {
+            Err(reason) => r.problems.push(ConfigProblem::ProviderSetting {
                 var: ENV_DOCKER_HOST,
                 value: shown(&host),
                 reason: reason.to_owned(),
             }),
         }
-        let context = self.trimmed(ENV_DOCKER_CONTEXT);
+        let context = r.trimmed(ENV_DOCKER_CONTEXT);
         if !context.is_empty() && context != "default" {
-            self.problems.push(ConfigProblem::DockerSetting {
+            r.problems.push(ConfigProblem::ProviderSetting {
                 var: ENV_DOCKER_CONTEXT,
                 value: shown(&context),
                 reason: "docker contexts are not read (one could point at a remote daemon); \
@@ -295,12 +305,78 @@ impl Reader<'_> {
         }
         config
     }
+
+    fn highest_tier(&self) -> IsolationTier {
+        // Only gVisor's runsc puts a kernel between guest and host.
+        if self.runtime.is_runsc() {
+            IsolationTier::Kernel
+        } else {
+            IsolationTier::Container
+        }
+    }
+
+    fn tier_hint(&self) -> Option<String> {
+        (!self.runtime.is_runsc()).then(|| format!(" (set {ENV_DOCKER_RUNTIME}=runsc for gVisor)"))
+    }
+
+    fn enforces_pids(&self) -> bool {
+        true
+    }
+
+    fn enforces_disk(&self) -> bool {
+        true
+    }
+
+    fn keeps_sessions(&self) -> bool {
+        true
+    }
+
+    fn has_guest_uid(&self) -> bool {
+        true
+    }
+
+    fn guest_uid(&self) -> Option<u32> {
+        Some(self.guest_uid)
+    }
+
+    /// Images pinned, and a syscall filter kept.
+    fn surface_violations(&self) -> Vec<String> {
+        let mut violations = Vec::new();
+        if !self.require_pinned_images {
+            violations.push(format!(
+                "immutable surface: {ENV_REQUIRE_PINNED_IMAGES}=1 is required with the docker provider"
+            ));
+        }
+        if self.seccomp == SeccompSetting::Unconfined {
+            violations.push(format!(
+                "immutable surface: {ENV_DOCKER_SECCOMP}=unconfined is not accepted"
+            ));
+        }
+        violations
+    }
+
+    /// A process limit and a host memory budget: every container is a host cgroup.
+    fn required_envelope(&self, config: &Config) -> Vec<(&'static str, f64)> {
+        vec![
+            (ENV_PIDS, f64::from(config.resources.pids)),
+            (
+                ENV_TOTAL_MEMORY_MB,
+                f64::from(config.limits.total_memory_mb),
+            ),
+        ]
+    }
+
+    fn build(&self, config: &Config) -> Result<Arc<dyn Provider>, ProviderError> {
+        Ok(Arc::new(Docker::new(self, config)?))
+    }
 }
 
 #[cfg(test)]
 #[allow(clippy::unwrap_used, clippy::expect_used)]
 mod tests {
     use super::*;
+    use crate::config::hardened::hardened_violations;
+    use crate::provider::config::ProviderConfig;
 
     const HEX: &str = "0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef";
 
@@ -371,6 +447,13 @@ mod tests {
         );
     }
 
+    fn docker_of(config: &Config) -> &DockerConfig {
+        match &config.provider {
+            ProviderConfig::Docker(docker) => docker,
+            other => panic!("a docker configuration, not {other}"),
+        }
+    }
+
     fn from(pairs: &[(&str, &str)]) -> Result<crate::config::Config, Vec<String>> {
         let mut env: std::collections::HashMap<String, String> = pairs
             .iter()
@@ -384,11 +467,11 @@ mod tests {
     #[test]
     fn docker_defaults_are_the_locally_built_images_runc_and_uid_61000() {
         let config = from(&[("SANDBOX_PROVIDER", "docker")]).unwrap();
-        assert_eq!(config.provider, ProviderKind::Docker);
-        assert_eq!(config.docker, DockerConfig::default());
-        assert_eq!(config.docker.image, "plimsoll/sandbox-node:latest");
-        assert_eq!(config.docker.guest_uid, 61_000);
-        assert_eq!(config.docker.socket, PathBuf::from("/var/run/docker.sock"));
+        let docker = docker_of(&config);
+        assert_eq!(docker, &DockerConfig::default());
+        assert_eq!(docker.image, "plimsoll/sandbox-node:latest");
+        assert_eq!(docker.guest_uid, 61_000);
+        assert_eq!(docker.socket, PathBuf::from("/var/run/docker.sock"));
     }
 
     #[test]
@@ -403,20 +486,20 @@ mod tests {
             ("DOCKER_CONTEXT", "default"),
         ])
         .unwrap();
-        assert!(config.docker.runtime.is_runsc());
+        assert!(docker_of(&config).runtime.is_runsc());
         assert_eq!(
-            config.docker.seccomp,
+            docker_of(&config).seccomp,
             SeccompSetting::Profile("/etc/plimsoll/seccomp.json".into())
         );
-        assert_eq!(config.docker.guest_uid, 50_000);
-        assert_eq!(config.docker.image, "mine:1");
-        assert_eq!(config.docker.socket, PathBuf::from("/run/docker.sock"));
+        assert_eq!(docker_of(&config).guest_uid, 50_000);
+        assert_eq!(docker_of(&config).image, "mine:1");
+        assert_eq!(docker_of(&config).socket, PathBuf::from("/run/docker.sock"));
         let unconfined = from(&[
             ("SANDBOX_PROVIDER", "docker"),
             ("SANDBOX_DOCKER_SECCOMP", "unconfined"),
         ])
         .unwrap();
-        assert_eq!(unconfined.docker.seccomp, SeccompSetting::Unconfined);
+        assert_eq!(docker_of(&unconfined).seccomp, SeccompSetting::Unconfined);
     }
 
     #[test]
@@ -446,6 +529,51 @@ mod tests {
     }
 
     #[test]
+    fn the_module_image_is_optional_and_checked_like_the_others_when_set() {
+        let unset = from(&[("SANDBOX_PROVIDER", "docker")]).unwrap();
+        assert_eq!(docker_of(&unset).module_image, None);
+        let empty = from(&[
+            ("SANDBOX_PROVIDER", "docker"),
+            ("SANDBOX_DOCKER_MODULE_IMAGE", ""),
+        ]);
+        assert_eq!(docker_of(&empty.unwrap()).module_image, None);
+        let set = from(&[
+            ("SANDBOX_PROVIDER", "docker"),
+            (
+                "SANDBOX_DOCKER_MODULE_IMAGE",
+                "plimsoll/sandbox-module:latest",
+            ),
+        ]);
+        assert_eq!(
+            docker_of(&set.unwrap()).module_image.as_deref(),
+            Some("plimsoll/sandbox-module:latest")
+        );
+        for bad in [" x:1", "-x", "a b"] {
+            let problems = from(&[
+                ("SANDBOX_PROVIDER", "docker"),
+                ("SANDBOX_DOCKER_MODULE_IMAGE", bad),
+            ])
+            .unwrap_err();
+            assert!(
+                problems[0].starts_with("SANDBOX_DOCKER_MODULE_IMAGE"),
+                "{problems:?}"
+            );
+        }
+        let pinned = from(&[
+            ("SANDBOX_PROVIDER", "docker"),
+            ("SANDBOX_REQUIRE_PINNED_IMAGES", "1"),
+            ("SANDBOX_DOCKER_IMAGE", &format!("sha256:{HEX}")),
+            ("SANDBOX_DOCKER_PROJECT_IMAGE", &format!("sha256:{HEX}")),
+            (
+                "SANDBOX_DOCKER_MODULE_IMAGE",
+                "plimsoll/sandbox-module:latest",
+            ),
+        ])
+        .unwrap_err();
+        assert_eq!(pinned.len(), 1, "{pinned:?}");
+    }
+
+    #[test]
     fn pinning_refuses_tags_at_startup() {
         let problems = from(&[
             ("SANDBOX_PROVIDER", "docker"),
@@ -472,7 +600,7 @@ mod tests {
             from(&[("SANDBOX_PROVIDER", "wasm"), ("SANDBOX_GUEST_UID", "61000")]).unwrap_err();
         assert_eq!(problems.len(), 1, "{problems:?}");
         assert!(
-            problems[0].contains("only the docker provider"),
+            problems[0].contains("the wasm provider runs no guest under a host uid"),
             "{problems:?}"
         );
         // Another provider never judges the docker endpoint.
@@ -486,5 +614,99 @@ mod tests {
         assert!(!runtime_name_ok("run sc"));
         assert!(!runtime_name_ok(&"r".repeat(65)));
         assert!(!runtime_name_ok("a/b"));
+    }
+
+    // === hardened mode (config.md §10) ===
+
+    /// Docker's settings that pass every hardened rule: runsc, pinned images.
+    fn hardened_docker() -> DockerConfig {
+        DockerConfig {
+            runtime: DockerRuntime::Named("runsc".into()),
+            require_pinned_images: true,
+            ..DockerConfig::default()
+        }
+    }
+
+    /// A configuration with `docker` that passes every other rule once `kernel` is proven.
+    fn hardened_with(docker: DockerConfig) -> Config {
+        let mut config = crate::config::hardened::passing();
+        config.provider = ProviderConfig::Docker(docker);
+        config.resources.pids = 256;
+        config.limits.total_memory_mb = 4096;
+        config
+    }
+
+    fn violations(config: &Config) -> Vec<String> {
+        hardened_violations(config, Some("kernel"))
+    }
+
+    #[test]
+    fn docker_under_runsc_with_pins_and_full_envelope_passes() {
+        let config = hardened_with(hardened_docker());
+        assert_eq!(violations(&config), Vec::<String>::new());
+        assert!(hardened_violations(&config, None).is_empty());
+    }
+
+    #[test]
+    fn sessions_on_without_a_per_caller_cap_are_a_violation() {
+        let mut config = hardened_with(hardened_docker());
+        config.sessions.max_sessions = 4;
+        let found = hardened_violations(&config, None);
+        assert_eq!(found.len(), 1, "{found:?}");
+        assert!(
+            found[0].contains("SANDBOX_MAX_SESSIONS_PER_CALLER"),
+            "{found:?}"
+        );
+        config.sessions.per_caller = 1;
+        assert!(hardened_violations(&config, None).is_empty());
+    }
+
+    #[test]
+    fn docker_under_runc_fails_isolation_before_any_proof() {
+        let config = hardened_with(DockerConfig {
+            runtime: DockerRuntime::Default,
+            ..hardened_docker()
+        });
+        let found = hardened_violations(&config, None);
+        assert_eq!(found.len(), 1, "{found:?}");
+        assert!(
+            found[0].contains("can reach at most tier container"),
+            "{found:?}"
+        );
+        assert!(
+            found[0].contains("SANDBOX_DOCKER_RUNTIME=runsc"),
+            "{found:?}"
+        );
+        let found = hardened_violations(&config, Some("container"));
+        assert!(found[0].starts_with("isolation:"), "{found:?}");
+    }
+
+    #[test]
+    fn docker_needs_pinned_images_and_a_syscall_filter() {
+        let config = hardened_with(DockerConfig {
+            require_pinned_images: false,
+            seccomp: SeccompSetting::Unconfined,
+            ..hardened_docker()
+        });
+        let found = violations(&config);
+        assert_eq!(found.len(), 2, "{found:?}");
+        assert!(found[0].contains("SANDBOX_REQUIRE_PINNED_IMAGES=1"));
+        assert!(found[1].contains("SANDBOX_DOCKER_SECCOMP=unconfined"));
+        let config = hardened_with(DockerConfig {
+            seccomp: SeccompSetting::Profile("seccomp/profile.json".into()),
+            ..hardened_docker()
+        });
+        assert!(violations(&config).is_empty());
+    }
+
+    #[test]
+    fn docker_envelope_also_needs_pids_and_a_memory_budget() {
+        let mut config = hardened_with(hardened_docker());
+        config.resources.pids = 0;
+        config.limits.total_memory_mb = 0;
+        let found = violations(&config);
+        assert_eq!(found.len(), 2, "{found:?}");
+        assert!(found.iter().any(|v| v.contains("SANDBOX_PIDS")));
+        assert!(found.iter().any(|v| v.contains("SANDBOX_TOTAL_MEMORY_MB")));
     }
 }

@@ -1,0 +1,66 @@
+//! `guard`: the HTTPS endpoint hosted microVMs reach a run's grant through. Reads its
+//! configuration from the environment (see `--help`), serves until SIGTERM, drains.
+
+use std::process::ExitCode;
+
+use clap::Parser;
+use guard::config::Config;
+use guard::daemon;
+use guard::env::{self, ProcessEnvironment};
+
+/// Checks a run's guard token and hands each call to the broker; holds no credential.
+#[derive(Parser)]
+#[command(name = "guard", version, after_help = help())]
+struct Args {}
+
+fn help() -> String {
+    let mut text = String::from("Environment:\n");
+    for (name, meaning) in env::VARIABLES {
+        text.push_str(&format!("  {name:<30} {meaning}\n"));
+    }
+    text.push_str(
+        "\nServes only POST /v1/e2b/guard and /v1/dockercloud/guard (grants.md section 5);\n\
+         everything else is 404.",
+    );
+    text
+}
+
+fn main() -> ExitCode {
+    let _ = Args::parse();
+    let config = match Config::from_env(&ProcessEnvironment) {
+        Ok(config) => config,
+        Err(error) => {
+            eprintln!("guard: {error}");
+            return ExitCode::from(1);
+        }
+    };
+    init_logs(config.text_logs);
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(runtime) => runtime,
+        Err(error) => {
+            eprintln!("guard: runtime: {error}");
+            return ExitCode::from(1);
+        }
+    };
+    match runtime.block_on(daemon::serve(config)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(error) => {
+            tracing::error!(%error, "guard did not start");
+            ExitCode::from(1)
+        }
+    }
+}
+
+fn init_logs(text: bool) {
+    let builder = tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_max_level(tracing::Level::INFO);
+    if text {
+        builder.init();
+    } else {
+        builder.json().flatten_event(true).init();
+    }
+}

@@ -1,0 +1,20 @@
+//! `dockercloud-simulator`: a stand-in for Docker Cloud Sandboxes, for plimsoll's tests.
+//! See the library's docs (and docs/dockercloud-simulator.md) for what it simulates.
+
+use clap::Parser;
+
+#[tokio::main]
+async fn main() -> std::process::ExitCode {
+    let options = dockercloud_simulator::Options::parse();
+    tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_env_filter(tracing_subscriber::EnvFilter::new(&options.log))
+        .init();
+    match dockercloud_simulator::server::run(options).await {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("dockercloud-simulator: {e}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}

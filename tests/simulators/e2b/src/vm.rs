@@ -1,0 +1,476 @@
+//! The VMs: one docker container each, locked down like plimsoll's own guests, and the agent
+//! execs that stand in for envd's work inside them.
+//!
+//! Every call to the Engine has its own time budget: a gVisor sandbox that dies mid-call must
+//! not hang the simulator. Every container carries `io.plimsoll.simulator=e2b`, this
+//! simulator's instance id and its owner (pid and start time), so a later simulator can remove
+//! what a killed one left behind.
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::path::PathBuf;
+use std::pin::Pin;
+use std::time::Duration;
+
+use bollard::container::LogOutput;
+use bollard::exec::{CreateExecOptions, StartExecOptions, StartExecResults};
+use bollard::models::{ContainerCreateBody, HostConfig, ResourcesUlimits};
+use bollard::query_parameters::{
+    CreateContainerOptions, ListContainersOptions, RemoveContainerOptions,
+};
+use futures::{Stream, StreamExt};
+use tokio::io::AsyncWrite;
+
+use crate::config::{Runtime, Template};
+use crate::frames::{Decoder, Frame};
+use crate::guest::{AGENT_PATH, EGRESS_DIR};
+
+/// Every simulator container carries this label with the value `e2b`.
+pub const LABEL: &str = "io.plimsoll.simulator";
+const LABEL_INSTANCE: &str = "io.plimsoll.simulator.instance";
+const LABEL_OWNER: &str = "io.plimsoll.simulator.owner";
+const LABEL_SANDBOX: &str = "io.plimsoll.simulator.sandbox";
+/// The search path of every VM process (E2B's templates have this one).
+pub const GUEST_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
+
+const QUICK: Duration = Duration::from_secs(15);
+/// How long an agent operation may stay silent before it counts as hung (a process stream
+/// turns this off: a quiet process is normal).
+const AGENT_IDLE: Duration = Duration::from_secs(60);
+const START: Duration = Duration::from_secs(30);
+
+/// What went wrong with docker.
+#[derive(Debug, thiserror::Error)]
+pub enum VmError {
+    #[error("docker {call}: {source}")]
+    Api {
+        call: &'static str,
+        source: Box<bollard::errors::Error>,
+    },
+    #[error("docker {call} did not answer within {budget:?}")]
+    Timeout {
+        call: &'static str,
+        budget: Duration,
+    },
+    #[error("docker exec did not attach")]
+    NotAttached,
+    #[error("agent output: {0}")]
+    Frames(#[from] crate::frames::FrameError),
+    #[error("agent output ended early{0}")]
+    Truncated(String),
+}
+
+async fn bounded<T>(
+    call: &'static str,
+    budget: Duration,
+    fut: impl Future<Output = Result<T, bollard::errors::Error>>,
+) -> Result<T, VmError> {
+    match tokio::time::timeout(budget, fut).await {
+        Ok(Ok(value)) => Ok(value),
+        Ok(Err(source)) => Err(VmError::Api {
+            call,
+            source: Box::new(source),
+        }),
+        Err(_) => Err(VmError::Timeout { call, budget }),
+    }
+}
+
+/// The host files a VM mounts.
+#[derive(Debug, Clone)]
+pub struct VmFiles {
+    pub egress_dir: PathBuf,
+    pub hosts: PathBuf,
+    pub ca_bundle: PathBuf,
+}
+
+/// The docker side of the simulator.
+pub struct Vms {
+    docker: bollard::Docker,
+    runtime: Runtime,
+    instance: String,
+    agent: PathBuf,
+}
+
+type Output = Pin<Box<dyn Stream<Item = Result<LogOutput, bollard::errors::Error>> + Send>>;
+/// The stdin of an exec.
+pub type Input = Pin<Box<dyn AsyncWrite + Send>>;
+
+// === impl Vms ===
+
+impl Vms {
+    /// Connects to the local docker and settles `runtime` (auto: runsc when registered).
+    pub async fn connect(runtime: Runtime, instance: &str, agent: PathBuf) -> Result<Vms, VmError> {
+        let docker =
+            bollard::Docker::connect_with_local_defaults().map_err(|source| VmError::Api {
+                call: "connect",
+                source: Box::new(source),
+            })?;
+        let docker = bounded("version", QUICK, docker.negotiate_version()).await?;
+        let runtime = match runtime {
+            Runtime::Auto => {
+                let info = bounded("info", QUICK, docker.info()).await?;
+                let has_runsc = info.runtimes.is_some_and(|r| r.contains_key("runsc"));
+                if has_runsc {
+                    Runtime::Runsc
+                } else {
+                    Runtime::Runc
+                }
+            }
+            fixed => fixed,
+        };
+        Ok(Vms {
+            docker,
+            runtime,
+            instance: instance.to_owned(),
+            agent,
+        })
+    }
+
+    pub fn runtime(&self) -> Runtime {
+        self.runtime
+    }
+
+    /// Creates and starts the VM of sandbox `id`; answers the container id.
+    pub async fn create(
+        &self,
+        id: &str,
+        template: &Template,
+        files: &VmFiles,
+    ) -> Result<String, VmError> {
+        let memory = i64::from(template.memory_mb) * 1024 * 1024;
+        let disk = template.disk_size_mb;
+        let tmpfs = HashMap::from([
+            (
+                "/home/user".to_owned(),
+                format!("rw,nosuid,size={disk}m,uid=1000,gid=1000,mode=0755"),
+            ),
+            (
+                "/tmp".to_owned(),
+                format!("rw,nosuid,size={disk}m,mode=1777"),
+            ),
+            (
+                "/root".to_owned(),
+                "rw,nosuid,size=64m,mode=0700".to_owned(),
+            ),
+        ]);
+        let binds = vec![
+            format!("{}:{AGENT_PATH}:ro", self.agent.display()),
+            format!("{}:{EGRESS_DIR}:ro", files.egress_dir.display()),
+            format!("{}:/etc/hosts:ro", files.hosts.display()),
+            format!(
+                "{}:/etc/ssl/certs/ca-certificates.crt:ro",
+                files.ca_bundle.display()
+            ),
+        ];
+        let host_config = HostConfig {
+            runtime: Some(self.runtime.name().to_owned()),
+            memory: Some(memory),
+            memory_swap: Some(memory),
+            nano_cpus: Some(i64::from(template.cpu_count) * 1_000_000_000),
+            pids_limit: Some(1024),
+            readonly_rootfs: Some(true),
+            tmpfs: Some(tmpfs),
+            // Root in the VM keeps what envd's file API and a cleanup need; uid 1000 gets no
+            // capability at all (docker grants none to a non-root exec) and, with
+            // no-new-privileges and no setuid file in the template, no way to root.
+            cap_drop: Some(vec!["ALL".to_owned()]),
+            cap_add: Some(
+                [
+                    "CHOWN",
+                    "DAC_OVERRIDE",
+                    "FOWNER",
+                    "FSETID",
+                    "KILL",
+                    "NET_BIND_SERVICE",
+                ]
+                .map(str::to_owned)
+                .to_vec(),
+            ),
+            security_opt: Some(vec!["no-new-privileges".to_owned()]),
+            ulimits: Some(vec![ResourcesUlimits {
+                name: Some("core".to_owned()),
+                soft: Some(0),
+                hard: Some(0),
+            }]),
+            ipc_mode: Some("private".to_owned()),
+            network_mode: Some("none".to_owned()),
+            binds: Some(binds),
+            init: Some(false),
+            privileged: Some(false),
+            ..Default::default()
+        };
+        let labels = HashMap::from([
+            (LABEL.to_owned(), "e2b".to_owned()),
+            (LABEL_INSTANCE.to_owned(), self.instance.clone()),
+            (LABEL_OWNER.to_owned(), owner_stamp()),
+            (LABEL_SANDBOX.to_owned(), id.to_owned()),
+        ]);
+        let body = ContainerCreateBody {
+            image: Some(template.image.clone()),
+            entrypoint: Some(vec![AGENT_PATH.to_owned()]),
+            cmd: Some(
+                ["guest", "init", "--egress", EGRESS_DIR]
+                    .map(str::to_owned)
+                    .to_vec(),
+            ),
+            user: Some("0:0".to_owned()),
+            env: Some(vec![format!("PATH={GUEST_PATH}")]),
+            hostname: Some("e2b".to_owned()),
+            working_dir: Some("/".to_owned()),
+            labels: Some(labels),
+            network_disabled: Some(true),
+            host_config: Some(host_config),
+            ..Default::default()
+        };
+        let options = CreateContainerOptions {
+            name: Some(format!("e2b-sim-{}-{id}", self.instance)),
+            platform: String::new(),
+        };
+        let created = bounded(
+            "create",
+            QUICK,
+            self.docker.create_container(Some(options), body),
+        )
+        .await?;
+        if let Err(e) = bounded(
+            "start",
+            START,
+            self.docker.start_container(&created.id, None),
+        )
+        .await
+        {
+            self.remove(&created.id).await;
+            return Err(e);
+        }
+        Ok(created.id)
+    }
+
+    /// `rm -f`; a container already gone is fine.
+    pub async fn remove(&self, container: &str) {
+        let options = RemoveContainerOptions {
+            force: true,
+            v: true,
+            link: false,
+        };
+        let _ = bounded(
+            "remove",
+            QUICK,
+            self.docker.remove_container(container, Some(options)),
+        )
+        .await;
+    }
+
+    pub async fn pause(&self, container: &str) -> Result<(), VmError> {
+        bounded("pause", QUICK, self.docker.pause_container(container)).await
+    }
+
+    pub async fn unpause(&self, container: &str) -> Result<(), VmError> {
+        bounded("unpause", QUICK, self.docker.unpause_container(container)).await
+    }
+
+    /// Removes every container of this instance, and those of simulators that are gone.
+    pub async fn sweep(&self, everything_of_this_instance: bool) -> usize {
+        let options = ListContainersOptions {
+            all: true,
+            filters: Some(HashMap::from([(
+                "label".to_owned(),
+                vec![format!("{LABEL}=e2b")],
+            )])),
+            ..Default::default()
+        };
+        let Ok(list) = bounded("list", QUICK, self.docker.list_containers(Some(options))).await
+        else {
+            return 0;
+        };
+        let mut removed = 0;
+        for container in list {
+            let labels = container.labels.unwrap_or_default();
+            let ours = labels.get(LABEL_INSTANCE) == Some(&self.instance);
+            let orphan = labels
+                .get(LABEL_OWNER)
+                .is_some_and(|owner| !owner_alive(owner));
+            if ((ours && everything_of_this_instance) || (!ours && orphan))
+                && let Some(id) = container.id
+            {
+                self.remove(&id).await;
+                removed += 1;
+            }
+        }
+        removed
+    }
+
+    /// Starts `argv` in `container` as `user` with output attached (and stdin when `stdin`).
+    pub async fn exec(
+        &self,
+        container: &str,
+        user: &str,
+        argv: Vec<String>,
+        stdin: bool,
+    ) -> Result<Exec, VmError> {
+        let options = CreateExecOptions {
+            attach_stdin: Some(stdin),
+            attach_stdout: Some(true),
+            attach_stderr: Some(true),
+            tty: Some(false),
+            env: Some(Vec::new()),
+            cmd: Some(argv),
+            privileged: Some(false),
+            user: Some(user.to_owned()),
+            working_dir: Some("/".to_owned()),
+            detach_keys: None,
+        };
+        let created = bounded(
+            "exec create",
+            QUICK,
+            self.docker.create_exec(container, options),
+        )
+        .await?;
+        let start = StartExecOptions {
+            detach: false,
+            tty: false,
+            output_capacity: Some(64 * 1024),
+        };
+        match bounded(
+            "exec start",
+            START,
+            self.docker.start_exec(&created.id, Some(start)),
+        )
+        .await?
+        {
+            StartExecResults::Attached { output, input } => Ok(Exec {
+                output,
+                input: Some(input),
+                decoder: Decoder::default(),
+                stderr: Vec::new(),
+                idle: Some(AGENT_IDLE),
+            }),
+            StartExecResults::Detached => Err(VmError::NotAttached),
+        }
+    }
+
+    /// Runs the agent with `args` as `user`, feeding `stdin` when given.
+    pub async fn agent(
+        &self,
+        container: &str,
+        user: &str,
+        args: &[&str],
+        stdin: bool,
+    ) -> Result<Exec, VmError> {
+        let mut argv = vec![AGENT_PATH.to_owned(), "guest".to_owned()];
+        argv.extend(args.iter().map(|a| (*a).to_owned()));
+        self.exec(container, user, argv, stdin).await
+    }
+}
+
+/// An attached exec of the agent: frames out, bytes in.
+pub struct Exec {
+    output: Output,
+    input: Option<Input>,
+    decoder: Decoder,
+    /// What the agent said on stderr (kept for error messages, bounded).
+    stderr: Vec<u8>,
+    /// The longest silence [`Exec::next_frame`] waits out.
+    idle: Option<Duration>,
+}
+
+// === impl Exec ===
+
+impl Exec {
+    /// The exec's stdin, once.
+    pub fn take_input(&mut self) -> Option<Input> {
+        self.input.take()
+    }
+
+    /// Waits for output as long as it takes (`None`), or at most `idle` between pieces.
+    pub fn set_idle(&mut self, idle: Option<Duration>) {
+        self.idle = idle;
+    }
+
+    /// The next frame; `None` when the agent's output ended cleanly between frames.
+    pub async fn next_frame(&mut self) -> Result<Option<Frame>, VmError> {
+        loop {
+            if let Some(frame) = self.decoder.next_frame()? {
+                return Ok(Some(frame));
+            }
+            let next = match self.idle {
+                Some(budget) => match tokio::time::timeout(budget, self.output.next()).await {
+                    Ok(next) => next,
+                    Err(_) => {
+                        return Err(VmError::Timeout {
+                            call: "agent output",
+                            budget,
+                        });
+                    }
+                },
+                None => self.output.next().await,
+            };
+            match next {
+                Some(Ok(LogOutput::StdOut { message })) => self.decoder.push(&message),
+                Some(Ok(LogOutput::StdErr { message })) => {
+                    if self.stderr.len() < 4096 {
+                        self.stderr.extend_from_slice(&message);
+                    }
+                }
+                Some(Ok(_)) => {}
+                Some(Err(source)) => {
+                    return Err(VmError::Api {
+                        call: "exec output",
+                        source: Box::new(source),
+                    });
+                }
+                None if self.decoder.pending() == 0 => return Ok(None),
+                None => return Err(VmError::Truncated(self.stderr_note())),
+            }
+        }
+    }
+
+    /// The next frame, where ending without one is an error.
+    pub async fn expect_frame(&mut self) -> Result<Frame, VmError> {
+        self.next_frame()
+            .await?
+            .ok_or_else(|| VmError::Truncated(self.stderr_note()))
+    }
+
+    fn stderr_note(&self) -> String {
+        if self.stderr.is_empty() {
+            String::new()
+        } else {
+            format!(": {}", String::from_utf8_lossy(&self.stderr).trim())
+        }
+    }
+}
+
+/// `<pid>:<start time>` of this process, so a sweep can tell a live owner from a reused pid.
+fn owner_stamp() -> String {
+    let pid = std::process::id();
+    format!("{pid}:{}", start_time(pid).unwrap_or_default())
+}
+
+fn owner_alive(stamp: &str) -> bool {
+    let Some((pid, started)) = stamp.split_once(':') else {
+        return false;
+    };
+    let Ok(pid) = pid.parse::<u32>() else {
+        return false;
+    };
+    start_time(pid).is_some_and(|now| now == started)
+}
+
+/// Field 22 of `/proc/<pid>/stat` (after the command name, which may hold spaces).
+fn start_time(pid: u32) -> Option<String> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let after_name = &stat[stat.rfind(')')? + 1..];
+    after_name.split_whitespace().nth(19).map(str::to_owned)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn this_process_is_a_live_owner_and_a_made_up_one_is_not() {
+        assert!(owner_alive(&owner_stamp()));
+        assert!(!owner_alive(&format!("{}:1", std::process::id())));
+        assert!(!owner_alive("not-a-stamp"));
+    }
+}

@@ -1,0 +1,122 @@
+//! A daemon on the OpenShell gateway simulator (`tests/simulators/openshell`): the simulator
+//! with its own test CA, its sandboxes under the runtime [`crate::docker::runtime`] names,
+//! and `plimsolld` with `SANDBOX_PROVIDER=openshell` and the five settings pointing at it
+//! (the image: [`crate::docker::project_image`], which carries the runner and the relay).
+
+use std::time::{Duration, Instant};
+
+use openshell_simulator::Faults;
+use openshell_simulator::launch::{LaunchOptions, Simulator};
+use serde_json::Value;
+
+use crate::Daemon;
+use crate::docker::{project_image, runtime};
+
+/// The startup proof makes sandboxes and runs its checks in them: longer than docker's.
+pub const START_TIMEOUT: Duration = Duration::from_secs(180);
+
+/// A simulator with its certificates, and a runtime for its admin calls.
+pub struct Gateway {
+    /// The simulator.
+    pub sim: Simulator,
+    rt: tokio::runtime::Runtime,
+    _certs: tempfile::TempDir,
+}
+
+impl Gateway {
+    pub fn start() -> Gateway {
+        let certs = tempfile::tempdir().expect("cert dir");
+        let sim = Simulator::start(LaunchOptions::new(certs.path()).runtime(runtime()))
+            .expect("the openshell simulator starts (cargo build --workspace first)");
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("runtime");
+        Gateway {
+            sim,
+            rt,
+            _certs: certs,
+        }
+    }
+
+    pub fn faults(&self, faults: Faults) {
+        self.rt
+            .block_on(self.sim.set_faults(&faults))
+            .expect("set faults");
+    }
+
+    pub fn state(&self) -> Value {
+        self.rt.block_on(self.sim.state()).expect("simulator state")
+    }
+
+    pub fn count(&self, what: &str) -> u64 {
+        self.state()[what].as_u64().unwrap_or(0)
+    }
+
+    pub fn sandboxes(&self) -> Vec<Value> {
+        self.state()["sandboxes"]
+            .as_array()
+            .cloned()
+            .unwrap_or_default()
+    }
+
+    /// The daemon environment for this gateway, plus `extra`.
+    pub fn env(&self, extra: &[(&str, &str)]) -> Vec<(String, String)> {
+        let pki = &self.sim.ready.pki;
+        let mut env: Vec<(String, String)> = [
+            ("SANDBOX_PROVIDER", "openshell"),
+            ("PLIMSOLL_INSECURE", "1"),
+            ("PLIMSOLL_METRICS_ADDR", "off"),
+            ("SANDBOX_RATE_PER_MIN", "0"),
+            ("SANDBOX_PER_KEY_CONCURRENT", "0"),
+            ("SANDBOX_MAX_CONCURRENT", "8"),
+            ("SANDBOX_OPENSHELL_GATEWAY_URL", &self.sim.ready.grpc_url),
+            ("SANDBOX_OPENSHELL_CA_FILE", path(&pki.ca_file)),
+            ("SANDBOX_OPENSHELL_CERT_FILE", path(&pki.cert_file)),
+            ("SANDBOX_OPENSHELL_KEY_FILE", path(&pki.key_file)),
+            ("SANDBOX_OPENSHELL_IMAGE", project_image()),
+        ]
+        .iter()
+        .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+        .collect();
+        for (k, v) in extra {
+            env.retain(|(name, _)| name != k);
+            env.push(((*k).to_owned(), (*v).to_owned()));
+        }
+        env
+    }
+
+    pub fn daemon(&self, extra: &[(&str, &str)]) -> Daemon {
+        let env = self.env(extra);
+        let refs: Vec<(&str, &str)> = env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+        Daemon::start_within(&refs, START_TIMEOUT)
+    }
+
+    pub fn refused(&self, extra: &[(&str, &str)]) -> String {
+        let env = self.env(extra);
+        let refs: Vec<(&str, &str)> = env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+        let out = Daemon::refuse(&refs);
+        assert_ne!(out.code(), 0, "{}", out.stderr);
+        out.stderr
+    }
+
+    /// Waits (at most `bound`) until the gateway holds no sandbox at all.
+    pub fn wait_empty(&self, bound: Duration) {
+        let deadline = Instant::now() + bound;
+        loop {
+            let left = self.sandboxes();
+            if left.is_empty() {
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "sandboxes left after {bound:?}: {left:?}"
+            );
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    }
+}
+
+fn path(p: &std::path::Path) -> &str {
+    p.to_str().expect("utf-8 path")
+}
