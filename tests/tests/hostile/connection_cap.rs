@@ -136,6 +136,27 @@ fn hold_busy(target: &Target) -> H2 {
     h2
 }
 
+/// Reads what a held connection has received so far, answering the daemon's pings:
+/// `false` once its held request was answered or reset, or the connection ended.
+fn tend_held(h2: &mut H2) -> bool {
+    loop {
+        match h2.next(Duration::from_millis(1)) {
+            h2_frames::Event::TimedOut => return true,
+            h2_frames::Event::Closed => return false,
+            h2_frames::Event::Frame(f) => match f.kind {
+                kind::PING if f.flags & flag::ACK == 0 => {
+                    let payload: [u8; 8] = f.payload.clone().try_into().expect("8 bytes");
+                    if !h2.try_send(&h2_frames::ping(payload, true)) {
+                        return false;
+                    }
+                }
+                kind::GOAWAY | kind::RST_STREAM | kind::HEADERS => return false,
+                _ => {}
+            },
+        }
+    }
+}
+
 /// When every slot holds an authenticated connection with a request in flight, nothing
 /// can give way: a newcomer is accepted and closed at once, without a byte, rather than
 /// queued. As soon as one request ends, its connection gives way to the next newcomer.
@@ -157,7 +178,7 @@ fn when_every_slot_is_busy_a_newcomer_is_closed_at_once() {
         // once one more request is refused for decode capacity, every held request has
         // passed authentication and is waiting for its body.
         let fields = connect_call(None);
-        let saturated_by = Instant::now() + Duration::from_secs(10);
+        let saturated_by = Instant::now() + Duration::from_secs(20);
         let block = h2_frames::request("POST", &procedure("Run"), &borrowed(&fields));
         for probe in (3u32..).step_by(2) {
             busy[0].send(&h2_frames::headers(probe, &block, false));
@@ -172,9 +193,25 @@ fn when_every_slot_is_busy_a_newcomer_is_closed_at_once() {
             if status == Some(429) && body.contains("decode capacity") {
                 break;
             }
+            // A slot is still free: some held request has not reached the gate yet,
+            // or lost its connection on a loaded machine (the held connections are not
+            // read, so the daemon's keep-alive pings go unanswered). Answer their pings
+            // and hold again in place of any that ended, so the gate fills.
+            let ended: Vec<usize> = (1..busy.len())
+                .filter(|&i| !tend_held(&mut busy[i]))
+                .collect();
+            if !ended.is_empty() {
+                // An ended connection keeps its slot while the daemon lingers on it.
+                std::thread::sleep(LINGER + Duration::from_millis(200));
+                for &i in &ended {
+                    busy[i] = hold_busy(&target);
+                }
+            }
+            let replaced = ended.len();
             assert!(
                 Instant::now() < saturated_by,
-                "{transport:?}: the held requests never all reached the decode gate ({status:?} {body})"
+                "{transport:?}: the held requests never all reached the decode gate \
+                 ({status:?} {body}; {replaced} held connections had just ended)"
             );
             std::thread::sleep(Duration::from_millis(50));
         }
@@ -200,7 +237,7 @@ fn when_every_slot_is_busy_a_newcomer_is_closed_at_once() {
             "{transport:?}: the refusal is in the log"
         );
         assert!(
-            refused_at.elapsed() < Duration::from_secs(2),
+            refused_at.elapsed() < SLACK,
             "{transport:?}: refused only after {:?}",
             refused_at.elapsed()
         );
@@ -219,8 +256,9 @@ fn when_every_slot_is_busy_a_newcomer_is_closed_at_once() {
             "{transport:?}: the held request was answered"
         );
         // The daemon counts the request ended once hyper drops the answer, a moment
-        // after its last frame left: a newcomer is served within a second.
-        let admitted_by = Instant::now() + Duration::from_secs(1);
+        // after its last frame left: a newcomer is served soon (the slack is for a loaded
+        // machine; a queued newcomer would wait for the 30 s body deadline).
+        let admitted_by = Instant::now() + SLACK;
         let mut next = loop {
             let mut h2 = target.try_connect();
             let served = h2.as_mut().is_some_and(|h2| {

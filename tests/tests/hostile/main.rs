@@ -33,6 +33,8 @@ const IDLE_TIMEOUT: Duration = Duration::from_secs(120);
 const KEEP_ALIVE_INTERVAL: Duration = Duration::from_secs(20);
 const KEEP_ALIVE_TIMEOUT: Duration = Duration::from_secs(10);
 const CLOSE_GRACE: Duration = Duration::from_secs(1);
+/// How long an ended connection keeps its slot (plimsolld/src/server/socket.rs).
+const LINGER: Duration = Duration::from_millis(500);
 /// Slack on every "closed by" deadline: a loaded CI machine, a debug build.
 const SLACK: Duration = Duration::from_secs(5);
 
