@@ -181,7 +181,7 @@ fn status(dir: &Path) -> Option<Status> {
 fn start_time(proc: &Path, pid: u32) -> Option<u64> {
     let path: PathBuf = proc.join(pid.to_string()).join("stat");
     let text = std::fs::read_to_string(path).ok()?;
-    let rest = &text[text.rfind(')')? + 2..];
+    let rest = text.get(text.rfind(')')? + 2..)?;
     rest.split(' ').nth(19)?.parse().ok()
 }
 
