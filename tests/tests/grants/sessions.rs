@@ -512,8 +512,11 @@ struct Woken {
 
 /// Opens a Python session as alice, runs each of `cells` (the last one's stdout, trimmed,
 /// replaces `PID` in `granted`), then `granted` as a snippet lent `sess`, then reads what
-/// the planted thread saw. The API answers nothing but the default; route caps allow 2.
+/// the planted thread saw. The API answers `/items/8`; route caps allow 2 calls.
 fn woken_interpreter(f: &Fixture, d: &Daemon, cells: &[&str], granted: &str) -> Woken {
+    f.api
+        .respond("GET", "/items/8", Reply::json(200, r#"{"id":8}"#));
+    let granted = granted.replace("OWN", OWN);
     let resp = call(
         d,
         &f.alice,
@@ -579,14 +582,23 @@ fn woken_interpreter(f: &Fixture, d: &Daemon, cells: &[&str], granted: &str) -> 
 }
 
 /// The granted snippet of the waking scenarios: sends `SIGCONT` to the held interpreter
-/// (same uid: the kernel allows it) and makes no request of its own for 1.5 s.
+/// (same uid: the kernel allows it), then makes one request of its own (`/items/8`) and
+/// lasts 1.5 s more.
 const WAKE_PID: &str = r"
 try { process.kill(PID, 'SIGCONT'); console.log('woken'); } catch (e) { console.log(String(e)); }
-setTimeout(() => console.log('done'), 1500);
+OWN
 ";
 
-/// A granted snippet that makes no request of its own and lasts 1.5 s.
-const IDLE: &str = "setTimeout(() => console.log('done'), 1500);";
+/// A granted snippet that makes one request of its own and lasts 1.5 s more.
+const OWN: &str = r"
+require('http').get({ socketPath: '/run/host-api.sock', path: '/items/8' }, (res) => {
+  res.resume();
+  res.on('end', () => {
+    console.log('own ' + res.statusCode);
+    setTimeout(() => console.log('done'), 1500);
+  });
+}).on('error', (e) => console.log(String(e)));
+";
 
 /// The status of one answer the planted thread kept (a bare status, or `[status, body]`).
 fn status_of(seen: &Value) -> i64 {
@@ -596,7 +608,8 @@ fn status_of(seen: &Value) -> i64 {
 }
 
 /// Asserts that the woken interpreter's requests during the call were all refused as from
-/// outside it (the audit line counts at least one), and that the API saw none.
+/// outside it (the audit line counts at least one), while the call's own request was
+/// served: the API saw exactly that one.
 fn assert_refused_as_outside(f: &Fixture, woken: &Woken) {
     assert!(
         woken.running_at_release,
@@ -611,9 +624,10 @@ fn assert_refused_as_outside(f: &Fixture, woken: &Woken) {
         "the woken interpreter got an answer during the granted call: {:?}",
         woken.seen
     );
-    assert!(f.api.requests().is_empty(), "{:?}", targets(f));
+    assert!(woken.out.contains("own 200\n"), "{}", woken.out);
+    assert_eq!(targets(f), vec![get("/items/8")]);
     let closed = &woken.closed;
-    assert_eq!(closed["host_calls"], 0, "{closed}");
+    assert_eq!(closed["host_calls"], 1, "{closed}");
     assert_eq!(closed["kept_from_earlier_calls"], 1, "{closed}");
     assert!(
         closed["host_calls_from_outside_call"].as_u64().unwrap_or(0) >= 1,
@@ -658,7 +672,10 @@ fn a_connection_opened_before_a_granted_call_is_refused_during_it() {
     f.write_grants(&session_profiles(&f));
     let d = session_daemon(&f);
     let woken = woken_interpreter(&f, &d, &["import json", PLANT_KEEP_ALIVE], WAKE_PID);
-    assert_eq!(woken.out, "woken\ndone\n", "the call's code can SIGCONT it");
+    assert_eq!(
+        woken.out, "woken\nown 200\ndone\n",
+        "the call's code can SIGCONT it"
+    );
     assert_refused_as_outside(&f, &woken);
     let refusal = json!([503, "host api grant is lent to another call\n"]);
     assert!(woken.seen.contains(&refusal), "{:?}", woken.seen);
@@ -679,7 +696,11 @@ fn a_held_interpreter_woken_by_the_granted_call_gets_no_answer() {
     let d = session_daemon(&f);
     let plant = format!("{PLANT}\nimport os, json\nprint(os.getpid())");
     let woken = woken_interpreter(&f, &d, &[&plant], WAKE_PID);
-    assert_eq!(woken.out, "woken\ndone\n", "the call's code can SIGCONT it");
+    assert!(
+        woken.out.starts_with("woken\n"),
+        "the call's code can SIGCONT it: {}",
+        woken.out
+    );
     if runsc() {
         assert_marked_under_runsc(&f, &woken);
     } else {
@@ -700,8 +721,7 @@ fn a_held_interpreter_woken_by_its_own_timer_gets_no_answer() {
     f.write_grants(&session_profiles(&f));
     let d = session_daemon(&f);
     let plant = format!("{PLANT}\nimport json");
-    let woken = woken_interpreter(&f, &d, &[&plant, ARM_SIGCONT_TIMER], IDLE);
-    assert_eq!(woken.out, "done\n");
+    let woken = woken_interpreter(&f, &d, &[&plant, ARM_SIGCONT_TIMER], OWN);
     if runsc() {
         assert_marked_under_runsc(&f, &woken);
     } else {
