@@ -668,17 +668,32 @@ fn a_connection_opened_before_a_granted_call_is_refused_during_it() {
     if !docker_ready() {
         return;
     }
-    let f = Fixture::start();
-    f.write_grants(&session_profiles(&f));
-    let d = session_daemon(&f);
-    let woken = woken_interpreter(&f, &d, &["import json", PLANT_KEEP_ALIVE], WAKE_PID);
-    assert_eq!(
-        woken.out, "woken\nown 200\ndone\n",
-        "the call's code can SIGCONT it"
-    );
-    assert_refused_as_outside(&f, &woken);
     let refusal = json!([503, "host api grant is lent to another call\n"]);
-    assert!(woken.seen.contains(&refusal), "{:?}", woken.seen);
+    // The broker closes a keep-alive connection idle for 5 s, and the held thread is idle
+    // from the hold until the granted snippet wakes it: on a loaded machine that can take
+    // longer, the connection is gone before the wake, and nothing was tried. Try again
+    // then (the thread's last entry is the closed connection, and no refusal was seen).
+    for attempt in 1..=3 {
+        let f = Fixture::start();
+        f.write_grants(&session_profiles(&f));
+        let d = session_daemon(&f);
+        let woken = woken_interpreter(&f, &d, &["import json", PLANT_KEEP_ALIVE], WAKE_PID);
+        let closed_first = woken.seen.last().is_some_and(|s| status_of(s) == -3);
+        if attempt < 3 && closed_first && !woken.seen.contains(&refusal) {
+            eprintln!(
+                "attempt {attempt}: the kept connection closed before the wake: {:?}",
+                woken.seen
+            );
+            continue;
+        }
+        assert_eq!(
+            woken.out, "woken\nown 200\ndone\n",
+            "the call's code can SIGCONT it"
+        );
+        assert_refused_as_outside(&f, &woken);
+        assert!(woken.seen.contains(&refusal), "{:?}", woken.seen);
+        return;
+    }
 }
 
 /// Residue (b) of issue 12 item 4, on fresh connections. Fails before the fix (the planted
