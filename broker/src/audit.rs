@@ -3,9 +3,12 @@
 //!
 //! A session call's line also says when it did not have the sandbox to itself:
 //! `kept_from_earlier_calls` counts the processes earlier calls left running (the cell
-//! interpreters), which plimsolld held stopped while the grant was lent. Requests on the
-//! socket cannot be told apart by process under gVisor, so the line marks the whole call
-//! rather than charging it silently with whatever those processes might have sent.
+//! interpreters), which plimsolld held stopped while the grant was lent.
+//! `host_calls_from_outside_call` counts the requests the session socket refused because they
+//! were known not to come from the call ([`crate::peer_origin`]: a connection from before the
+//! lend, and under runc a process outside the call's exec). Under gVisor a request from a
+//! woken kept process on a new connection cannot be told apart from the call's own, so the
+//! line still marks the whole call rather than charging it silently.
 
 use crate::control::protocol::RunSummary;
 use crate::run::Run;
@@ -48,6 +51,7 @@ pub fn run_closed(run: &Run, summary: &RunSummary, reason: CloseReason) {
         host_calls_dropped = nonzero(summary.dropped),
         host_calls_shed = nonzero(summary.shed),
         kept_from_earlier_calls = nonzero(u64::from(run.kept_from_earlier_calls())),
+        host_calls_from_outside_call = nonzero(run.outside_call()),
         routes = routes.as_str(),
         end = reason.as_str(),
         "grant run closed"

@@ -18,7 +18,7 @@
 //! plimsolld forgets) and [`credential`] (minting); [`session`] (one slot for a session, a
 //! socket or a guard token, lent to a run per call), [`run_socket`] (the guest's socket,
 //! serving whatever a [`run_socket::Served`] names, in the directory and to the peers of
-//! [`guest_sockets`]), [`guard_tokens`] (the guard tokens of open runs and sessions) and
+//! [`guest_sockets`], each judged by [`peer_origin`]), [`guard_tokens`] (the guard tokens of open runs and sessions) and
 //! [`guard_socket`] (where the guard hands on each call); [`run`] (the checks of each call),
 //! with [`route_caps`], [`breaker`], [`upstream`] and [`trace`]; then [`audit`].
 #![forbid(unsafe_code)]
@@ -45,6 +45,8 @@ pub mod guard_socket;
 pub mod guard_tokens;
 #[cfg(feature = "server")]
 pub mod guest_sockets;
+#[cfg(feature = "server")]
+pub mod peer_origin;
 #[cfg(feature = "server")]
 pub mod registry;
 #[cfg(feature = "server")]

@@ -7,6 +7,7 @@
 //! every in-flight upstream call selects on: the call is cut and answered 503, and later calls
 //! get the same 503.
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
@@ -54,6 +55,8 @@ pub mod message {
     pub const BODY_TIMEOUT: &str = "host api request body not received in time";
     /// Upstream failures.
     pub const UNAVAILABLE: &str = "host api unavailable";
+    /// A session socket's request from a process that is not the lent call's.
+    pub const OUTSIDE_CALL: &str = "host api grant is lent to another call";
 }
 
 /// What the guest gets back.
@@ -99,6 +102,8 @@ pub struct Run {
     state: Mutex<State>,
     caps: RouteCaps,
     kept_from_earlier_calls: u32,
+    /// Requests refused because they came from outside the call ([`crate::peer_origin`]).
+    outside_call: AtomicU64,
 }
 
 // === impl Run ===
@@ -128,6 +133,7 @@ impl Run {
                 breaker: Breaker::default(),
             }),
             kept_from_earlier_calls: 0,
+            outside_call: AtomicU64::new(0),
         }
     }
 
@@ -141,6 +147,16 @@ impl Run {
     /// How many processes of earlier session calls shared the sandbox with this call.
     pub fn kept_from_earlier_calls(&self) -> u32 {
         self.kept_from_earlier_calls
+    }
+
+    /// Counts one request refused because it came from outside the call.
+    pub fn note_outside_call(&self) {
+        self.outside_call.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// How many requests were refused because they came from outside the call.
+    pub fn outside_call(&self) -> u64 {
+        self.outside_call.load(Ordering::Relaxed)
     }
 
     /// Makes the run count its route caps in a session's `counts` (kept for the session's

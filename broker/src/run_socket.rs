@@ -9,7 +9,8 @@
 //! served only when its peer is one [`Peers`] admits: the guest, the broker's uid or root
 //! (see [`crate::guest_sockets`]); any other is closed before a byte is read. The target is
 //! the request URI exactly as sent; guest headers are never looked at beyond what HTTP
-//! framing needs.
+//! framing needs. On a session socket, a request from a process known not to be the lent
+//! call's is refused ([`crate::peer_origin`]).
 //!
 //! Time limits on a connection: its request head must arrive within 5 s, and hyper starts that
 //! clock whenever the connection waits for a head, so an idle keep-alive connection is closed
@@ -39,6 +40,7 @@ use tokio::sync::Semaphore;
 use tokio::time::{Instant, Sleep};
 
 use crate::guest_sockets::{GuestSockets, GuestSocketsError, Peers};
+use crate::peer_origin::Peer;
 use crate::run::{Reply, Run, message};
 
 /// Connections served at once per socket.
@@ -122,6 +124,13 @@ pub trait Served: Clone + Send + Sync + 'static {
     /// keep-alive connection follows whatever the socket serves at the time.
     fn run_for(&self, request: &Parts) -> Option<Arc<Run>>;
 
+    /// Whether `peer` is refused `run` (which [`Served::run_for`] just named) because it is
+    /// known not to be the code of the call the run is lent to ([`crate::peer_origin`]).
+    /// A run's own socket serves only its run's guest: never.
+    fn outside_call(&self, _run: &Arc<Run>, _peer: &Peer) -> bool {
+        false
+    }
+
     /// Resolves once the socket stops serving: the listener closes and every connection is
     /// told to finish.
     fn closed(&self) -> impl Future<Output = ()> + Send;
@@ -157,10 +166,11 @@ async fn serve_socket<S: Served>(listener: UnixListener, served: S, peers: Peers
             drop(stream);
             continue;
         };
+        let peer = Peer::of(&stream, peers.guest_uid);
         let served = served.clone();
         tokio::spawn(async move {
             let stream = WriteDeadline::new(stream, WRITE_STALL_TIMEOUT);
-            serve_connection(TokioIo::new(stream), served).await;
+            serve_connection(TokioIo::new(stream), served, peer).await;
             drop(permit);
         });
     }
@@ -175,11 +185,14 @@ impl Drop for RunSocket {
 async fn serve_connection<S: Served>(
     io: TokioIo<WriteDeadline<tokio::net::UnixStream>>,
     served: S,
+    peer: Peer,
 ) {
     let service_served = served.clone();
+    let peer = Arc::new(peer);
     let service = service_fn(move |request: Request<Incoming>| {
         let served = service_served.clone();
-        async move { Ok::<_, std::convert::Infallible>(answer(&served, request).await) }
+        let peer = peer.clone();
+        async move { Ok::<_, std::convert::Infallible>(answer(&served, &peer, request).await) }
     });
     let mut builder = hyper::server::conn::http1::Builder::new();
     builder
@@ -198,15 +211,24 @@ async fn serve_connection<S: Served>(
     }
 }
 
-async fn answer<S: Served>(served: &S, request: Request<Incoming>) -> Response<Full<Bytes>> {
+async fn answer<S: Served>(
+    served: &S,
+    peer: &Peer,
+    request: Request<Incoming>,
+) -> Response<Full<Bytes>> {
     let (parts, mut body) = request.into_parts();
     // A session socket with nothing lent: no run to count the call against.
     let Some(run) = served.run_for(&parts) else {
         return to_response(Reply::broker(503, message::ENDED));
     };
     let uri = &parts.uri;
+    // A process kept from earlier calls, woken while the grant is lent (issue 12, part 4):
+    // refused, and counted on the run's audit line.
+    let reply = if served.outside_call(&run, peer) {
+        run.note_outside_call();
+        Reply::broker(503, message::OUTSIDE_CALL)
     // Only origin-form targets: an absolute URI or authority form names no route.
-    let reply = if uri.scheme().is_some() || uri.authority().is_some() {
+    } else if uri.scheme().is_some() || uri.authority().is_some() {
         Reply::broker(403, message::FORBIDDEN)
     } else {
         let target = uri.to_string();

@@ -22,12 +22,14 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
 use http::request::Parts;
 use tokio::net::UnixListener;
 use tokio::sync::watch;
+use tokio::time::Instant;
 
 use guard::token::GuardToken;
 
 use crate::control::protocol::{Delivery, RefusalReason, Response};
 use crate::guard_tokens::{GuardTokens, Holder, Registration};
 use crate::guest_sockets::GuestSockets;
+use crate::peer_origin::Peer;
 use crate::route_caps::SessionCounts;
 use crate::run::Run;
 use crate::run_socket::{RunSocket, RunSocketError, Served};
@@ -43,8 +45,8 @@ pub(crate) const UNKNOWN: &str = "unknown session";
 enum Slot {
     /// Nothing lent: 503.
     Empty,
-    /// This run's grant.
-    Lent(Arc<Run>),
+    /// This run's grant, lent at this instant.
+    Lent(Arc<Run>, Instant),
     /// The session has closed; nothing can be lent again.
     Closed,
 }
@@ -144,8 +146,16 @@ impl Session {
     /// The run whose grant the socket serves now, if any.
     pub fn lent(&self) -> Option<Arc<Run>> {
         match &*self.slot() {
-            Slot::Lent(run) => Some(run.clone()),
+            Slot::Lent(run, _) => Some(run.clone()),
             Slot::Empty | Slot::Closed => None,
+        }
+    }
+
+    /// When `run` was lent, while it still is.
+    fn lent_at(&self, run: &Arc<Run>) -> Option<Instant> {
+        match &*self.slot() {
+            Slot::Lent(lent, at) if Arc::ptr_eq(lent, run) => Some(*at),
+            Slot::Lent(..) | Slot::Empty | Slot::Closed => None,
         }
     }
 
@@ -154,10 +164,10 @@ impl Session {
         let mut slot = self.slot();
         match &*slot {
             Slot::Empty => {
-                *slot = Slot::Lent(run);
+                *slot = Slot::Lent(run, Instant::now());
                 Ok(())
             }
-            Slot::Lent(_) => Err(ALREADY_LENT),
+            Slot::Lent(..) => Err(ALREADY_LENT),
             Slot::Closed => Err(UNKNOWN),
         }
     }
@@ -165,7 +175,7 @@ impl Session {
     /// Empties the slot if it still holds `run` (a later lend is left alone).
     pub fn take_back(&self, run: &Arc<Run>) {
         let mut slot = self.slot();
-        if matches!(&*slot, Slot::Lent(lent) if Arc::ptr_eq(lent, run)) {
+        if matches!(&*slot, Slot::Lent(lent, _) if Arc::ptr_eq(lent, run)) {
             *slot = Slot::Empty;
         }
     }
@@ -189,7 +199,7 @@ impl Session {
     /// any.
     pub(crate) fn shut(&self) -> Option<Arc<Run>> {
         let lent = match std::mem::replace(&mut *self.slot(), Slot::Closed) {
-            Slot::Lent(run) => Some(run),
+            Slot::Lent(run, _) => Some(run),
             Slot::Empty | Slot::Closed => None,
         };
         self.closed.send_replace(true);
@@ -210,6 +220,16 @@ impl Session {
 impl Served for Arc<Session> {
     fn run_for(&self, _request: &Parts) -> Option<Arc<Run>> {
         self.lent()
+    }
+
+    /// Only while plimsolld holds processes of earlier calls (issue 12, part 4): with none
+    /// kept, the call has the sandbox to itself and its own orphans are served too. A run
+    /// no longer lent is left to its own checks.
+    fn outside_call(&self, run: &Arc<Run>, peer: &Peer) -> bool {
+        run.kept_from_earlier_calls() > 0
+            && self
+                .lent_at(run)
+                .is_some_and(|lent_at| peer.outside_call(lent_at))
     }
 
     fn closed(&self) -> impl Future<Output = ()> + Send {
