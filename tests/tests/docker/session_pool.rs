@@ -375,6 +375,11 @@ fn bench_session_pool_open_and_first_python_cell() {
     }
     let (ok, out) = docker(&["rm", "-f", &baseline]);
     assert!(ok, "{out}");
+    wait_warm(&pooled_d, "two members", |w| total(w) == 2);
+    let idle: Vec<f64> = members_warm_for(&pooled_d, "javascript,python")
+        .iter()
+        .map(|id| pss_mib(id))
+        .collect();
     let pool = describe_pool(&pooled_d);
     stop(pooled_d);
     stop(plain);
@@ -395,4 +400,43 @@ fn bench_session_pool_open_and_first_python_cell() {
         counter(&pool, "claims"),
         counter(&pool, "misses"),
     );
+    println!(
+        "bench session pool {} idle member PSS (MiB, its processes, shim, and under runsc its sandbox and gofer): {idle:.1?}",
+        super::runtime(),
+    );
+}
+
+/// The proportional set size, in MiB, of every host process that belongs to container `id`:
+/// under runc the processes `docker top` names; under either runtime every process whose
+/// command line names the container (its shim, and runsc's sandbox and gofer).
+fn pss_mib(id: &str) -> f64 {
+    let mut pids: BTreeSet<u32> = BTreeSet::new();
+    if !plimsoll_tests::docker::runsc() {
+        let (ok, out) = docker(&["top", id, "-eo", "pid"]);
+        assert!(ok, "{out}");
+        pids.extend(out.lines().filter_map(|l| l.trim().parse::<u32>().ok()));
+    }
+    for entry in std::fs::read_dir("/proc").expect("/proc").flatten() {
+        let Some(pid) = entry
+            .file_name()
+            .to_str()
+            .and_then(|n| n.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        let cmdline = std::fs::read(entry.path().join("cmdline")).unwrap_or_default();
+        if String::from_utf8_lossy(&cmdline).contains(id) {
+            pids.insert(pid);
+        }
+    }
+    let kib: u64 = pids
+        .iter()
+        .filter_map(|pid| std::fs::read_to_string(format!("/proc/{pid}/smaps_rollup")).ok())
+        .filter_map(|text| {
+            text.lines()
+                .find_map(|l| l.strip_prefix("Pss:"))
+                .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+        })
+        .sum();
+    kib as f64 / 1024.0
 }
