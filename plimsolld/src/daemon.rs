@@ -23,6 +23,8 @@ use crate::service::State;
 
 /// How long the startup proof may take.
 const PROOF_BUDGET: Duration = Duration::from_secs(120);
+/// The bound of starting the warm session pool (config.md §9, step 19).
+const POOL_START_BUDGET: Duration = Duration::from_secs(180);
 /// How long in-flight work may take to finish after a signal (above the
 /// 5-minute run ceiling, like the write timeout).
 const DRAIN_BUDGET: Duration = Duration::from_secs(360);
@@ -174,7 +176,25 @@ pub async fn run(config: Config) -> Result<(), StartupError> {
         provider.drain(Duration::from_secs(30)).await;
         return Err(e);
     }
-    // 19: with sessions on, one session through the provider's session path.
+    // 19: the warm session pool (its first member made now), then, with sessions on, one
+    // session through the provider's session path (served by a member when the pool is on).
+    if config.sessions.pool > 0 {
+        let started = tokio::time::timeout(
+            POOL_START_BUDGET,
+            provider.start_session_pool(config.sessions.pool, config.sessions.lifetime),
+        )
+        .await
+        .unwrap_or_else(|_| {
+            Err(ProviderError::infrastructure(format!(
+                "the warm session pool's first member was not ready within {POOL_START_BUDGET:?}"
+            )))
+        });
+        if let Err(e) = started {
+            provider.drain(Duration::from_secs(30)).await;
+            return Err(StartupError::Proof(e));
+        }
+        tracing::info!(size = config.sessions.pool, "warm session pool started");
+    }
     if config.sessions.enabled() && provider.describe().supports_sessions {
         if let Err(e) = crate::session::proof::prove(provider.as_ref(), &config.sessions).await {
             provider.drain(Duration::from_secs(30)).await;
@@ -233,13 +253,14 @@ pub async fn run(config: Config) -> Result<(), StartupError> {
     let (metrics_stop_tx, metrics_stop_rx) = tokio::sync::oneshot::channel::<()>();
     let metrics_task = metrics_listener.map(|l| {
         let tls = tls.clone();
+        let pool_provider = provider.clone();
         tokio::spawn(async move {
             let done = async move {
                 let _ = metrics_stop_rx.await;
             };
             serve(
                 l,
-                MetricsService::new(metrics),
+                MetricsService::new(metrics, pool_provider),
                 tls,
                 METRICS_CONNECTION_CAP,
                 done,

@@ -208,6 +208,32 @@ impl Metrics {
     }
 }
 
+/// The warm session pool's families (providers.md §9.8): its size, the members ready per warm
+/// language set, and the opens it served or missed.
+pub fn render_pool(pool: &crate::provider::PoolStatus) -> String {
+    let mut out = String::new();
+    let _ = write!(
+        out,
+        "# HELP plimsoll_session_pool_size Configured warm session pool size.\n# TYPE plimsoll_session_pool_size gauge\nplimsoll_session_pool_size {}\n",
+        pool.size
+    );
+    out.push_str("# HELP plimsoll_session_pool_warm Warm pool members ready to be claimed, by warm language set.\n# TYPE plimsoll_session_pool_warm gauge\n");
+    for (languages, members) in &pool.warm {
+        let _ = writeln!(
+            out,
+            "plimsoll_session_pool_warm{{languages=\"{}\"}} {members}",
+            label(&languages.join(","))
+        );
+    }
+    let _ = write!(
+        out,
+        "# HELP plimsoll_session_pool_claims_total Session opens a warm pool member served.\n# TYPE plimsoll_session_pool_claims_total counter\nplimsoll_session_pool_claims_total {}\n\
+         # HELP plimsoll_session_pool_misses_total Session opens that made their own sandbox while the pool was on.\n# TYPE plimsoll_session_pool_misses_total counter\nplimsoll_session_pool_misses_total {}\n",
+        pool.claims, pool.misses
+    );
+    out
+}
+
 /// `profile="…",method="…",route="…"`, escaped.
 fn labels_of((profile, method, route): &Series) -> String {
     format!(
@@ -228,6 +254,29 @@ fn label(value: &str) -> String {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn the_pool_families_show_size_warm_sets_claims_and_misses() {
+        let text = super::render_pool(&crate::provider::PoolStatus {
+            size: 3,
+            warm: vec![(vec!["javascript".into(), "python".into()], 2)],
+            claims: 5,
+            misses: 1,
+        });
+        assert!(text.contains("plimsoll_session_pool_size 3\n"), "{text}");
+        assert!(
+            text.contains("plimsoll_session_pool_warm{languages=\"javascript,python\"} 2\n"),
+            "{text}"
+        );
+        assert!(
+            text.contains("plimsoll_session_pool_claims_total 5\n"),
+            "{text}"
+        );
+        assert!(
+            text.contains("plimsoll_session_pool_misses_total 1\n"),
+            "{text}"
+        );
+    }
+
     use super::*;
 
     #[test]

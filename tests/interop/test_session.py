@@ -6,7 +6,8 @@ scripts/test does), one daemon with SANDBOX_PROVIDER=docker and sessions on serv
 through `Client.open_session`: a snippet writes a file, a project reads it, a snippet reads
 the project's output; the client checks every record's chain as it goes and the close
 totals against its own. A session past its lifetime reports `expired`, marked as not run. The
-client's `Workspace` persists a tree from one session and hydrates it into a new one.
+client's `Workspace` persists a tree from one session and hydrates it into a new one. A daemon
+with a warm pool serves a python-hinted open from a member.
 
 Docker and the images (scripts/setup-docker, images/build) are required: when they are
 missing the test FAILS unless PLIMSOLL_TEST_DOCKER_SKIP=1.
@@ -16,6 +17,7 @@ missing the test FAILS unless PLIMSOLL_TEST_DOCKER_SKIP=1.
 
 from __future__ import annotations
 
+import json
 import pathlib
 import sys
 import time
@@ -26,7 +28,7 @@ sys.dont_write_bytecode = True
 
 import plimsoll_client as pc  # noqa: E402
 from plimsoll_client.workspace import Workspace  # noqa: E402
-from test_docker import RUNTIMES, TIERS, DockerDaemon, NeedsDocker  # noqa: E402
+from test_docker import RUNTIMES, TIERS, DockerDaemon, NeedsDocker, docker  # noqa: E402
 
 REQUEST_TIMEOUT = 60.0
 
@@ -36,6 +38,19 @@ class SessionDaemon(DockerDaemon):
 
     def __init__(self, runtime: str) -> None:
         super().__init__(runtime, {"SANDBOX_MAX_SESSIONS": "4", "SANDBOX_RATE_PER_MIN": "0"})
+
+
+def wait_for_member(test: unittest.TestCase, daemon: DockerDaemon, within: float = 120.0) -> None:
+    """Waits until `daemon`'s Describe shows a warm pool member ready to be claimed."""
+    headers = {"Content-Type": "application/json", "Authorization": f"Bearer {daemon.token}"}
+    until = time.monotonic() + within
+    while time.monotonic() < until:
+        resp, body = daemon.raw("POST", "/plimsoll.v1.SandboxService/Describe", b"{}", headers)
+        test.assertEqual(resp.status, 200, body)
+        if json.loads(body).get("sessionPool", {}).get("warm"):
+            return
+        time.sleep(0.25)
+    test.fail(f"the pool was not refilled within {within} s; log:\n" + "\n".join(daemon.log))
 
 
 class SessionInteropTest(NeedsDocker):
@@ -113,6 +128,37 @@ class SessionInteropTest(NeedsDocker):
                         ran = second.exec("sh bin/run.sh && chmod 0700 . && touch -d @1500000000 . && stat -c '%a %Y' .")
                         self.assertEqual(ran.exit_code, 0, ran.stderr_text)
                         self.assertEqual(ran.stdout_text, f"ran from {second.root}\n700 1500000000\n")
+                finally:
+                    code = daemon.stop()
+                self.assertEqual(code, 0, "plimsolld after SIGTERM; its log:\n" + "\n".join(daemon.log))
+
+    def test_a_hinted_open_is_served_by_a_warm_pool_member(self) -> None:
+        """SANDBOX_SESSION_POOL (providers.md 9.8): the client's `languages` hint reaches the
+        pool; the session is a member made before the open, its python interpreter already
+        running, and the client reads Describe with the pool in it unchanged."""
+        for runtime in RUNTIMES:
+            with self.subTest(runtime=runtime):
+                daemon = DockerDaemon(
+                    runtime,
+                    {"SANDBOX_MAX_SESSIONS": "2", "SANDBOX_SESSION_POOL": "1", "SANDBOX_RATE_PER_MIN": "0"},
+                )
+                try:
+                    client = pc.Client(daemon.url, daemon.token, request_timeout=REQUEST_TIMEOUT)
+                    self.assertTrue(client.describe().supports_sessions)
+                    # The startup proof took the first member: wait for the refill.
+                    wait_for_member(self, daemon)
+                    with client.open_session(minimum_isolation=TIERS[runtime], languages=["python"]) as s:
+                        cell = s.run_cell("6 * 7")
+                        self.assertEqual((cell.stdout, cell.exit_code), (b"42\n", 0))
+                        self.assertTrue(cell.interpreter_started)
+                        container = cell.record.instance.removeprefix("docker-container:")
+                        label = docker("inspect", "--format", '{{index .Config.Labels "io.plimsoll.pool"}}', container)
+                        self.assertEqual(label.returncode, 0, label.stderr)
+                        self.assertEqual(label.stdout.strip(), "javascript,python")
+                    self.assertEqual(s.close().end, "closed")
+                    served = [line for line in daemon.log if "session served by a warm pool member" in line]
+                    # The startup proof's session, then this open.
+                    self.assertEqual(len(served), 2, "\n".join(daemon.log))
                 finally:
                     code = daemon.stop()
                 self.assertEqual(code, 0, "plimsolld after SIGTERM; its log:\n" + "\n".join(daemon.log))

@@ -198,6 +198,8 @@ mod record;
 mod session;
 #[path = "docker/session_hostile.rs"]
 mod session_hostile;
+#[path = "docker/session_pool.rs"]
+mod session_pool;
 #[path = "docker/software.rs"]
 mod software;
 #[path = "docker/toolchain.rs"]

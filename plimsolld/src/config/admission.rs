@@ -36,12 +36,14 @@ pub struct Limits {
 
 impl Reader<'_> {
     /// Reads the admission variables; `max_concurrent` is the already-checked
-    /// `SANDBOX_MAX_CONCURRENT`, `memory_mb` the per-run `SANDBOX_MEMORY_MB`.
+    /// `SANDBOX_MAX_CONCURRENT`, `memory_mb` the per-run `SANDBOX_MEMORY_MB`, `pool` the
+    /// checked `SANDBOX_SESSION_POOL` (each member is charged one run, providers.md §10.2).
     pub(super) fn limits(
         &mut self,
         provider: Option<&ProviderConfig>,
         memory_mb: u32,
         max_concurrent: u32,
+        pool: u32,
     ) -> Limits {
         let total = self.integer(ENV_TOTAL_MEMORY_MB, 0);
         let per_run = if memory_mb > 0 {
@@ -52,11 +54,18 @@ impl Reader<'_> {
         let mut max = max_concurrent;
         let mut clamped = false;
         if total > 0 {
-            let fit = total / per_run;
-            if fit < 1 {
+            let runs = total / per_run;
+            let fit = runs.saturating_sub(pool);
+            if runs < 1 {
                 self.problems.push(ConfigProblem::MemoryBudget {
                     reason: format!(
                         "cannot fit even one {per_run} MiB run (SANDBOX_MEMORY_MB, 256 when unset) in SANDBOX_TOTAL_MEMORY_MB={total}"
+                    ),
+                });
+            } else if fit < 1 {
+                self.problems.push(ConfigProblem::MemoryBudget {
+                    reason: format!(
+                        "cannot fit the session pool's {pool} members of {per_run} MiB (SANDBOX_SESSION_POOL) and one run in SANDBOX_TOTAL_MEMORY_MB={total}"
                     ),
                 });
             } else if fit < max {
@@ -146,6 +155,29 @@ mod tests {
         .unwrap_err();
         assert!(
             err.to_string().contains("cannot fit even one 2048 MiB run"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn the_session_pool_is_charged_against_the_memory_budget() {
+        let docker_pool = |total: &'static str, pool: &'static str| {
+            config(&[
+                ("SANDBOX_PROVIDER", "docker"),
+                ("PLIMSOLL_INSECURE", "1"),
+                ("SANDBOX_MAX_SESSIONS", "4"),
+                ("SANDBOX_SESSION_POOL", pool),
+                ("SANDBOX_TOTAL_MEMORY_MB", total),
+            ])
+        };
+        // 1024 / 256 = 4 runs, two of them the pool's.
+        let c = docker_pool("1024", "2").unwrap();
+        assert_eq!(c.limits.max_concurrent, 2);
+        assert!(c.limits.clamped);
+        let err = docker_pool("1024", "4").unwrap_err();
+        assert!(
+            err.to_string()
+                .contains("cannot fit the session pool's 4 members"),
             "{err}"
         );
     }

@@ -96,6 +96,8 @@ pub const ENV_SESSION_LIFETIME: &str = "SANDBOX_SESSION_LIFETIME";
 pub const ENV_SESSION_IDLE: &str = "SANDBOX_SESSION_IDLE";
 /// A session's disk budget in MiB, measured after each call; 0 = no bound; default 1024.
 pub const ENV_SESSION_DISK_MB: &str = "SANDBOX_SESSION_DISK_MB";
+/// Warm session sandboxes kept ready (docker only); 0 (the default) keeps none.
+pub const ENV_SESSION_POOL: &str = "SANDBOX_SESSION_POOL";
 
 /// The broker's variables, named once in `broker::env` and listed in [`VARIABLES`] too:
 /// plimsolld picks its grant path from them and its supervised child reads them.
@@ -357,6 +359,12 @@ pub const VARIABLES: &[Variable] = &[
         ENV_SESSION_DISK_MB,
         "1024",
         "a session's disk budget in MiB, measured after each call; 0 = no bound",
+        HelpGroup::Limits,
+    ),
+    var(
+        ENV_SESSION_POOL,
+        "0 (no pool)",
+        "warm session sandboxes kept ready, at most SANDBOX_MAX_SESSIONS; docker only",
         HelpGroup::Limits,
     ),
     var(

@@ -295,12 +295,18 @@ impl Config {
         let min_isolation = r.floor();
         let resources = r.resources(provider.as_ref());
         let configured_max = r.max_concurrent();
-        let limits = r.limits(provider.as_ref(), resources.memory_mb, configured_max);
-        let max_concurrent = limits.max_concurrent;
-        let auth = r.auth(provider.as_ref(), insecure);
+        // Sessions first: the memory clamp subtracts the pool's members.
         let (sessions, session_problems) = session::read(env, provider.as_ref());
         r.problems
             .extend(session_problems.into_iter().map(ConfigProblem::Session));
+        let limits = r.limits(
+            provider.as_ref(),
+            resources.memory_mb,
+            configured_max,
+            sessions.pool,
+        );
+        let max_concurrent = limits.max_concurrent;
+        let auth = r.auth(provider.as_ref(), insecure);
         let grants = grants::read(env).unwrap_or_else(|p| {
             r.problems.push(ConfigProblem::Grants(p));
             grants::GrantSource::Off

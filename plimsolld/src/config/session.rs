@@ -10,7 +10,7 @@ use std::time::Duration;
 use super::duration::parse_duration;
 use super::env::{
     ENV_MAX_SESSIONS, ENV_MAX_SESSIONS_PER_CALLER, ENV_MAX_SESSIONS_PER_OWNER, ENV_SESSION_DISK_MB,
-    ENV_SESSION_IDLE, ENV_SESSION_LIFETIME, Strings,
+    ENV_SESSION_IDLE, ENV_SESSION_LIFETIME, ENV_SESSION_POOL, Strings,
 };
 use super::value;
 use crate::provider::config::ProviderConfig;
@@ -44,6 +44,8 @@ pub struct SessionConfig {
     pub idle: Duration,
     /// `SANDBOX_SESSION_DISK_MB`: measured after each call; 0 = no bound.
     pub disk_mb: u32,
+    /// `SANDBOX_SESSION_POOL`: warm session sandboxes kept ready (docker only); 0 = none.
+    pub pool: u32,
 }
 
 impl Default for SessionConfig {
@@ -55,6 +57,7 @@ impl Default for SessionConfig {
             lifetime: DEFAULT_SESSION_LIFETIME,
             idle: DEFAULT_SESSION_IDLE,
             disk_mb: DEFAULT_SESSION_DISK_MB,
+            pool: 0,
         }
     }
 }
@@ -88,6 +91,10 @@ pub enum SessionConfigProblem {
         "SANDBOX_MAX_SESSIONS={value} but the {provider} provider keeps no sessions (sessions need the docker provider and its project image); unset it or set 0"
     )]
     ProviderWithoutSessions { value: u32, provider: &'static str },
+    /// A pool without sessions, larger than the session cap, or on a provider other than
+    /// docker.
+    #[error("SANDBOX_SESSION_POOL={value} {reason}")]
+    Pool { value: u32, reason: String },
 }
 
 impl SessionConfigProblem {
@@ -96,6 +103,7 @@ impl SessionConfigProblem {
         match self {
             Self::Integer { var, .. } | Self::Duration { var, .. } => var,
             Self::ProviderWithoutSessions { .. } => ENV_MAX_SESSIONS,
+            Self::Pool { .. } => ENV_SESSION_POOL,
         }
     }
 }
@@ -133,6 +141,7 @@ pub fn read(
         DEFAULT_SESSION_DISK_MB,
         MAX_SESSION_DISK_MB,
     );
+    let pool = integer(ENV_SESSION_POOL, 0, u32::MAX);
     let lifetime = duration(env, ENV_SESSION_LIFETIME, d.lifetime, false, &mut problems);
     let idle = duration(env, ENV_SESSION_IDLE, d.idle, true, &mut problems);
     if max_sessions > 0
@@ -144,6 +153,12 @@ pub fn read(
             provider: provider.name(),
         });
     }
+    if let Some(reason) = pool_problem(pool, max_sessions, provider) {
+        problems.push(SessionConfigProblem::Pool {
+            value: pool,
+            reason,
+        });
+    }
     (
         SessionConfig {
             max_sessions,
@@ -152,9 +167,31 @@ pub fn read(
             lifetime,
             idle,
             disk_mb,
+            pool,
         },
         problems,
     )
+}
+
+/// Why a pool of `pool` members cannot be kept (providers.md §9.8): it needs sessions on,
+/// at most `SANDBOX_MAX_SESSIONS` members, and the docker provider.
+fn pool_problem(pool: u32, max_sessions: u32, provider: Option<&ProviderConfig>) -> Option<String> {
+    if pool == 0 {
+        None
+    } else if max_sessions == 0 {
+        Some("needs sessions on (SANDBOX_MAX_SESSIONS above 0)".to_owned())
+    } else if pool > max_sessions {
+        Some(format!(
+            "is above SANDBOX_MAX_SESSIONS={max_sessions}: the pool holds at most one member per session"
+        ))
+    } else if !provider.is_some_and(|p| p.settings().keeps_session_pool()) {
+        Some(format!(
+            "but the {} provider keeps no warm pool (docker only); unset it or set 0",
+            provider.map_or("disabled", ProviderConfig::name)
+        ))
+    } else {
+        None
+    }
 }
 
 /// A duration in [1 s, 12 h]; `zero_ok` also accepts `0`.
@@ -247,6 +284,31 @@ mod tests {
         );
         assert_eq!(c.lifetime, MAX_SESSION_DURATION);
         assert_eq!(c.idle, Duration::ZERO);
+    }
+
+    #[test]
+    fn the_pool_needs_sessions_docker_and_at_most_the_session_cap() {
+        let (c, problems) = read_map(
+            &[(ENV_MAX_SESSIONS, "4"), (ENV_SESSION_POOL, "4")],
+            docker(),
+        );
+        assert!(problems.is_empty(), "{problems:?}");
+        assert_eq!(c.pool, 4);
+        let (_, problems) = read_map(&[(ENV_SESSION_POOL, "1")], docker());
+        assert!(problems[0].contains("needs sessions on"), "{problems:?}");
+        let (_, problems) = read_map(
+            &[(ENV_MAX_SESSIONS, "2"), (ENV_SESSION_POOL, "3")],
+            docker(),
+        );
+        assert!(
+            problems[0].contains("above SANDBOX_MAX_SESSIONS=2"),
+            "{problems:?}"
+        );
+        let (_, problems) = read_map(
+            &[(ENV_MAX_SESSIONS, "2"), (ENV_SESSION_POOL, "-1")],
+            docker(),
+        );
+        assert!(problems[0].contains("SANDBOX_SESSION_POOL"), "{problems:?}");
     }
 
     #[test]

@@ -74,6 +74,12 @@ pub trait ProviderSettings: fmt::Debug + Send + Sync + 'static {
         false
     }
 
+    /// Whether the provider keeps a warm session pool; `SANDBOX_SESSION_POOL` above 0 is
+    /// refused otherwise.
+    fn keeps_session_pool(&self) -> bool {
+        false
+    }
+
     /// Whether the provider's guests run as the host uid `SANDBOX_GUEST_UID` names; setting
     /// it for any other provider is refused (it would promise an identity nothing enforces).
     fn has_guest_uid(&self) -> bool {

@@ -76,7 +76,7 @@ impl Environment {
 
 pub use crate::config::Resources;
 pub use session::{
-    CellCall, CellOutcome, OpenedSession, SessionFault, SessionOpen, SessionSandbox,
+    CellCall, CellOutcome, OpenedSession, PoolStatus, SessionFault, SessionOpen, SessionSandbox,
 };
 
 /// Everything `Describe` says about the provider except its current tier and
@@ -373,6 +373,27 @@ pub trait Provider: Send + Sync + 'static {
             "sessions are off: the {} provider keeps no sessions; nothing ran",
             self.describe().sandbox
         ))))
+    }
+
+    /// Starts the warm session pool of `size` members (providers.md §9.8), each good for
+    /// sessions of up to `max_lifetime`: the first member is made before this returns (an
+    /// error fails the startup), a filler makes the rest. Only a provider whose settings
+    /// keep a pool is ever asked (`keeps_session_pool`).
+    async fn start_session_pool(
+        &self,
+        size: u32,
+        max_lifetime: Duration,
+    ) -> Result<(), ProviderError> {
+        let _ = (size, max_lifetime);
+        Err(ProviderError::Refused(Refusal::Unsupported(format!(
+            "the {} provider keeps no warm session pool",
+            self.describe().sandbox
+        ))))
+    }
+
+    /// The warm session pool as it is now, when one runs.
+    fn session_pool(&self) -> Option<PoolStatus> {
+        None
     }
 
     /// Removes what crashes left (providers.md §5.13): sandboxes this provider started that

@@ -43,6 +43,20 @@ pub struct OpenedSession {
     pub instance: String,
 }
 
+/// What a warm session pool holds and has done (providers.md §9.8), as `Describe` and
+/// `/metrics` show it.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct PoolStatus {
+    /// The configured size (`SANDBOX_SESSION_POOL`).
+    pub size: u32,
+    /// Members ready to be claimed, per warm language set (sorted names), in set order.
+    pub warm: Vec<(Vec<String>, u32)>,
+    /// Opens served by a member.
+    pub claims: u64,
+    /// Opens that made their own sandbox while the pool was on.
+    pub misses: u64,
+}
+
 /// Why a session step did not produce its result.
 #[derive(Debug, thiserror::Error)]
 pub enum SessionFault {

@@ -12,18 +12,21 @@ use hyper::body::Incoming;
 use tower::Service;
 
 use super::{HttpResponse, ResponseFuture, text};
-use crate::metrics::Metrics;
+use crate::metrics::{Metrics, render_pool};
+use crate::provider::Provider;
 
 /// The metrics service.
 #[derive(Clone)]
 pub struct MetricsService {
     metrics: Arc<Metrics>,
+    /// Asked for its warm session pool on each scrape.
+    provider: Arc<dyn Provider>,
 }
 
 impl MetricsService {
-    /// Serves `metrics`.
-    pub fn new(metrics: Arc<Metrics>) -> MetricsService {
-        MetricsService { metrics }
+    /// Serves `metrics`, and the warm session pool of `provider` when it keeps one.
+    pub fn new(metrics: Arc<Metrics>, provider: Arc<dyn Provider>) -> MetricsService {
+        MetricsService { metrics, provider }
     }
 }
 
@@ -42,8 +45,12 @@ impl Service<Request<Incoming>> for MetricsService {
         } else if req.method() != Method::GET {
             text(StatusCode::METHOD_NOT_ALLOWED, "method not allowed\n")
         } else {
+            let mut body = self.metrics.render();
+            if let Some(pool) = self.provider.session_pool() {
+                body.push_str(&render_pool(&pool));
+            }
             let mut resp = Response::new(
-                Full::new(Bytes::from(self.metrics.render()))
+                Full::new(Bytes::from(body))
                     .map_err(|never| match never {})
                     .boxed_unsync(),
             );

@@ -3,7 +3,9 @@
 use buffa::MessageField;
 use plimsoll::refusal::PROTOCOL;
 use plimsoll::validate::HARD_TIMEOUT_CEILING_MS;
-use plimsoll::wire::{DescribeResponse, PayloadEnvironment, RunResources};
+use plimsoll::wire::{
+    DescribeResponse, PayloadEnvironment, RunResources, SessionPool, SessionPoolSet,
+};
 
 use super::State;
 use crate::provider::Environment;
@@ -49,6 +51,29 @@ fn session_fields(state: &State, d: &crate::provider::Description) -> DescribeRe
         session_environment: MessageField::some(environment(&d.session)),
         max_sessions_per_caller: c.per_caller,
         max_sessions_per_owner: c.per_owner,
+        session_pool: state
+            .provider
+            .session_pool()
+            .map_or_else(MessageField::none, |p| MessageField::some(session_pool(p))),
+        ..Default::default()
+    }
+}
+
+/// The warm pool: its size, members per warm language set, claims and misses.
+fn session_pool(p: crate::provider::PoolStatus) -> SessionPool {
+    SessionPool {
+        size: p.size,
+        warm: p
+            .warm
+            .into_iter()
+            .map(|(languages, members)| SessionPoolSet {
+                languages,
+                members,
+                ..Default::default()
+            })
+            .collect(),
+        claims: p.claims,
+        misses: p.misses,
         ..Default::default()
     }
 }

@@ -331,6 +331,10 @@ impl ProviderSettings for DockerConfig {
         true
     }
 
+    fn keeps_session_pool(&self) -> bool {
+        true
+    }
+
     fn has_guest_uid(&self) -> bool {
         true
     }

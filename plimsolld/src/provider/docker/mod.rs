@@ -211,6 +211,8 @@ struct Inner {
     disk_mb: u32,
     /// The next snippet's container.
     pool: pool::Pool,
+    /// The warm session pool (off unless `SANDBOX_SESSION_POOL` is above 0).
+    session_pool: Arc<session::pool::SessionPool>,
     stop: tokio::sync::watch::Sender<bool>,
     background: Mutex<Option<tokio::task::JoinHandle<()>>>,
 }
@@ -231,6 +233,7 @@ impl Docker {
                 models: RwLock::new(None),
                 disk_mb: config.resources.disk_mb,
                 pool: pool::Pool::default(),
+                session_pool: Arc::default(),
                 stop,
                 background: Mutex::new(None),
             }),
@@ -591,10 +594,24 @@ impl Provider for Docker {
         }
     }
 
+    async fn start_session_pool(
+        &self,
+        size: u32,
+        max_lifetime: Duration,
+    ) -> Result<(), ProviderError> {
+        let pool = Arc::clone(&self.inner.session_pool);
+        pool.start(&self.inner, size, max_lifetime).await
+    }
+
+    fn session_pool(&self) -> Option<crate::provider::PoolStatus> {
+        self.inner.session_pool.status()
+    }
+
     async fn drain(&self, budget: Duration) {
         let inner = &self.inner;
         inner.stop.send_replace(true);
         inner.pool.close();
+        inner.session_pool.drain(budget).await;
         let task = inner
             .background
             .lock()

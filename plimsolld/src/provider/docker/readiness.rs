@@ -228,6 +228,15 @@ impl Readiness {
         result
     }
 
+    /// The last verified state without a new preflight, while the last preflight succeeded
+    /// (a warm pool claim reads it, providers.md §9.8; the background loop keeps it fresh).
+    pub fn current(&self) -> Option<Arc<Verified>> {
+        if self.state.load(Ordering::SeqCst) != STATE_READY {
+            return None;
+        }
+        self.cached().and_then(|c| c.result.ok())
+    }
+
     /// Records what the startup proof proved. Called once.
     pub fn set_proven(&self, ids: ProvenIds, tier: IsolationTier) {
         let _ = self.proven.set((ids, tier));

@@ -53,6 +53,12 @@ impl DockerSession {
                 .into_iter()
                 .partition(Interpreter::is_alive);
         *self.interpreters() = alive;
+        let live: Vec<CellLanguage> = self
+            .interpreters()
+            .iter()
+            .map(Interpreter::language)
+            .collect();
+        self.unused.retain(|l| live.contains(l));
         for interpreter in dead {
             interpreter.close().await;
         }
@@ -61,11 +67,34 @@ impl DockerSession {
     /// Ends every interpreter (before a project call): their state is gone afterwards.
     pub(super) async fn end_interpreters(&mut self) -> bool {
         let all = std::mem::take(self.interpreters());
+        self.unused.clear();
         let had = !all.is_empty();
         for interpreter in all {
             interpreter.close().await;
         }
         had
+    }
+
+    /// Starts and proves an interpreter for each of `languages` before any guest code (a
+    /// pool member's warm set, providers.md §9.8). Unknown names are skipped.
+    pub(super) async fn warm(&mut self, languages: &[String]) -> Result<(), CellError> {
+        for name in languages {
+            let language = match name.as_str() {
+                "javascript" => CellLanguage::JavaScript,
+                "python" => CellLanguage::Python,
+                _ => continue,
+            };
+            let guest = self.guest();
+            let fresh = Interpreter::launch(&self.engine, &self.id, language, &guest).await?;
+            self.interpreters().push(fresh);
+            self.unused.push(language);
+        }
+        Ok(())
+    }
+
+    /// Whether every warmed interpreter's relay is still attached.
+    pub(super) fn warm_alive(&mut self) -> bool {
+        self.interpreters().iter().all(Interpreter::is_alive)
     }
 
     /// Runs one cell.
@@ -96,6 +125,12 @@ impl DockerSession {
             .iter()
             .position(|i| i.language() == language);
         let index = match found {
+            // A pool member's warm interpreter: fresh for its first cell.
+            Some(index) if self.unused.contains(&language) => {
+                self.unused.retain(|l| *l != language);
+                started = true;
+                index
+            }
             Some(index) => index,
             None => {
                 let guest = self.guest();

@@ -21,6 +21,8 @@ use crate::provider::SessionFault;
 pub const NAME_PREFIX: &str = "plsm-session-";
 /// Marks a session container.
 pub const LABEL_SESSION: &str = "io.plimsoll.session";
+/// Marks a warm pool member; its value is the member's warm language set, comma-separated.
+pub const LABEL_POOL: &str = "io.plimsoll.pool";
 /// The session container's only guest-visible process besides docker-init.
 pub const SLEEP_ARGV: [&str; 2] = ["sleep", "2147483647"];
 /// The session's work directory.

@@ -17,6 +17,7 @@ mod calls;
 pub mod cell;
 mod cells;
 mod container;
+pub mod pool;
 
 use std::sync::Arc;
 
@@ -58,35 +59,73 @@ pub struct DockerSession {
     /// At most one interpreter per language. Behind a mutex only so the session is `Sync`
     /// (an interpreter's relay stream is not); every use goes through `&mut self`.
     interpreters: std::sync::Mutex<Vec<cell::Interpreter>>,
+    /// Interpreters a pool member warmed that no cell has used yet: the first cell in each
+    /// still starts fresh (`interpreter_started`).
+    unused: Vec<cell::CellLanguage>,
 }
 
-/// Opens a session container for `open` (providers.md §9.1).
+/// Opens a session for `open` (providers.md §9.1): a warm pool member when one matches (no
+/// preflight: the cached verified state must still hold), else a fresh container.
 pub(super) async fn open(
     inner: &Arc<Inner>,
     open: SessionOpen,
 ) -> Result<OpenedSession, ProviderError> {
+    let expires = unix_now() + open.lifetime.as_secs() + 1;
+    if let Some(mut session) = inner.session_pool.claim(inner, &open, expires).await {
+        session.disk_mb = open.disk_mb;
+        tracing::info!(container = %session.name, "session served by a warm pool member");
+        return Ok(session.opened());
+    }
     let verified = inner.readiness.check().await.map_err(not_ready)?;
+    let session = make(
+        inner,
+        &verified,
+        expires,
+        open.host_socket.as_deref(),
+        open.disk_mb,
+        None,
+    )
+    .await?;
+    tracing::info!(container = %session.name, "session container verified");
+    Ok(session.opened())
+}
+
+/// Creates, starts, verifies and baselines one session container expiring at `expires`
+/// (unix seconds): an open's, or (with `warm`, its language set) a warm pool member's.
+/// Every failure removes what was made.
+pub(super) async fn make(
+    inner: &Arc<Inner>,
+    verified: &super::preflight::Verified,
+    expires: u64,
+    socket: Option<&std::path::Path>,
+    disk_mb: u32,
+    warm: Option<&[String]>,
+) -> Result<DockerSession, ProviderError> {
     let seccomp = session_seccomp(
         &inner.settings,
         verified.seccomp.as_deref(),
         read_ptrace_scope(),
     )?;
     let name = format!("{NAME_PREFIX}{}", random_hex());
-    let expires = unix_now() + open.lifetime.as_secs() + 1;
     let instance = format!("session-{}", inner.instance);
-    let body = container::body(
+    let mut body = container::body(
         &inner.settings,
         &container::Create {
             image: &verified.project,
             expires,
             instance: &instance,
             seccomp,
-            socket: open.host_socket.as_deref(),
+            socket,
         },
     );
-    let engine = verified.engine.clone();
+    if let Some(set) = warm {
+        // Which interpreters a member keeps warm, for the operator (and the tests).
+        body.labels
+            .get_or_insert_with(Default::default)
+            .insert(container::LABEL_POOL.to_owned(), set.join(","));
+    }
     let mut session = DockerSession {
-        engine: engine.clone(),
+        engine: verified.engine.clone(),
         settings: Arc::clone(&inner.settings),
         image: verified.project.clone(),
         name,
@@ -94,7 +133,7 @@ pub(super) async fn open(
         snapshot: String::new(),
         keep: Vec::new(),
         paused: false,
-        disk_mb: open.disk_mb,
+        disk_mb,
         removed: false,
         held: Vec::new(),
         languages: inner
@@ -103,22 +142,10 @@ pub(super) async fn open(
             .map(|l| l.clone())
             .unwrap_or_default(),
         interpreters: std::sync::Mutex::new(Vec::new()),
+        unused: Vec::new(),
     };
-    // From the create on, every failure removes what was made.
     match session.create_and_prove(body).await {
-        Ok(()) => {
-            tracing::info!(
-                container = %session.name,
-                "session container verified"
-            );
-            let instance = session.instance();
-            Ok(OpenedSession {
-                environment: session.image.id.clone(),
-                software_identity: session.image.software_identity(),
-                instance,
-                sandbox: Box::new(session),
-            })
-        }
+        Ok(()) => Ok(session),
         Err(detail) => {
             session.finish().await;
             Err(ProviderError::infrastructure(format!(
@@ -192,6 +219,16 @@ fn withholds(profile: &seccomp::Profile, name: &str) -> bool {
 impl DockerSession {
     fn instance(&self) -> String {
         format!("docker-container:{}", self.id)
+    }
+
+    /// What the daemon is handed.
+    fn opened(self) -> OpenedSession {
+        OpenedSession {
+            environment: self.image.id.clone(),
+            software_identity: self.image.software_identity(),
+            instance: self.instance(),
+            sandbox: Box::new(self),
+        }
     }
 
     async fn create_and_prove(
