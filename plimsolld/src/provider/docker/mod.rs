@@ -40,7 +40,7 @@ pub(crate) mod project;
 mod readiness;
 mod removal;
 pub(crate) mod runner;
-mod session;
+pub(crate) mod session;
 pub(crate) mod settings;
 mod smoke;
 
