@@ -127,7 +127,10 @@ fn a_session_sandbox_that_reads_back_differently_ends_before_code_runs() {
         assert_eq!(gw.count("execs_started"), execs, "{name}: code ran");
         gw.faults(Faults::default());
         let closed = close(&d, &id);
-        assert_eq!(closed["ended"], "SESSION_END_SANDBOX_CHANGED", "{name}: {closed}");
+        assert_eq!(
+            closed["ended"], "SESSION_END_SANDBOX_CHANGED",
+            "{name}: {closed}"
+        );
         assert_eq!(sandboxes_of(&gw, &run), Vec::<Value>::new(), "{name}");
     }
 }
@@ -155,6 +158,9 @@ fn a_session_sandbox_that_dies_during_a_call_ends_the_session() {
     let err = ConnectError::of(&resp);
     assert_eq!(ended_reason(&err), Some(MAIN_PROCESS_ENDED), "{err:?}");
     let closed = close(&d, &id);
-    assert_eq!(closed["ended"], "SESSION_END_MAIN_PROCESS_ENDED", "{closed}");
+    assert_eq!(
+        closed["ended"], "SESSION_END_MAIN_PROCESS_ENDED",
+        "{closed}"
+    );
     assert_eq!(sandboxes_of(&gw, &run), Vec::<Value>::new());
 }

@@ -40,9 +40,13 @@ pub(crate) mod project;
 mod readiness;
 mod removal;
 pub(crate) mod runner;
-pub(crate) mod session;
+mod session;
 pub(crate) mod settings;
 mod smoke;
+
+/// The session boundary's guest programs and baseline rule, shared with sessions on openshell.
+#[cfg(feature = "openshell")]
+pub(crate) use session::boundary as session_boundary;
 
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex, RwLock};

@@ -29,7 +29,7 @@ use super::runs::{self, RunError};
 use super::sandbox::{Lease, SandboxError, phase};
 use super::{Inner, Proven};
 use crate::grant::GuestGrant;
-use crate::provider::docker::session::boundary::{self, Listed};
+use crate::provider::docker::session_boundary::{self as boundary, Listed};
 use crate::provider::{
     Hold, OpenedSession, ProjectPlan, ProjectReport, ProviderError, SessionFault, SessionOpen,
     SessionSandbox, SnippetOutcome,
@@ -41,8 +41,13 @@ const BOUNDARY_BUDGET: Duration = Duration::from_secs(20);
 const LISTER_OUTPUT_CAP: usize = 64 * 1024;
 /// What the sweep may print (nothing of it is trusted).
 const SWEEP_OUTPUT_CAP: usize = 4096;
-/// The mounts the disk budget covers: the only writable place the policy leaves.
+/// Where the disk budget is measured: the only writable place the policy leaves.
 const MOUNTS: &str = "/tmp";
+/// How long a sandbox whose exec was lost may still read back READY before it counts as
+/// running (the gateway notices a dead container a moment later).
+const END_SETTLE: Duration = Duration::from_secs(3);
+/// How often it is asked meanwhile.
+const END_POLL: Duration = Duration::from_millis(100);
 /// What the caller is told when the sandbox went away under a call.
 const STOPPED_DURING_CALL: &str = "the session's sandbox stopped during the call";
 
@@ -168,28 +173,41 @@ impl OpenShellSession {
     }
 
     /// The session's end when the sandbox is gone or no longer running, else `default`.
-    async fn end_for(&self, default: SessionEnd) -> SessionEnd {
+    /// `lost`: an exec stream just ended without an exit, so the sandbox has probably died
+    /// and the gateway may take a moment to say so: a READY answer is asked again for up to
+    /// [`END_SETTLE`].
+    async fn end_for(&self, default: SessionEnd, lost: bool) -> SessionEnd {
         let Some(lease) = self.lease.as_ref() else {
             return SessionEnd::SESSION_END_SANDBOX_CHANGED;
         };
-        match lease.gateway().get(lease.name()).await {
-            Err(e) if e.is_not_found() => SessionEnd::SESSION_END_SANDBOX_CHANGED,
-            Err(_) => default,
-            Ok(got) => match phase(&got) {
-                SandboxPhase::Ready => default,
-                // Stopped or deleted by someone else.
-                SandboxPhase::Deleting | SandboxPhase::Stopping | SandboxPhase::Stopped => {
-                    SessionEnd::SESSION_END_SANDBOX_CHANGED
-                }
-                _ => SessionEnd::SESSION_END_MAIN_PROCESS_ENDED,
-            },
+        let until = tokio::time::Instant::now() + if lost { END_SETTLE } else { Duration::ZERO };
+        loop {
+            let reason = match lease.gateway().get(lease.name()).await {
+                Err(e) if e.is_not_found() => SessionEnd::SESSION_END_SANDBOX_CHANGED,
+                Err(_) => return default,
+                Ok(got) => match phase(&got) {
+                    SandboxPhase::Ready => default,
+                    // Stopped or deleted by someone else.
+                    SandboxPhase::Deleting | SandboxPhase::Stopping | SandboxPhase::Stopped => {
+                        SessionEnd::SESSION_END_SANDBOX_CHANGED
+                    }
+                    _ => SessionEnd::SESSION_END_MAIN_PROCESS_ENDED,
+                },
+            };
+            if reason != default || tokio::time::Instant::now() >= until {
+                return reason;
+            }
+            tokio::time::sleep(END_POLL).await;
         }
     }
 
     /// A call that failed outside the guest: the session's end when the sandbox is gone or
     /// not running, else an infrastructure error (the detail goes to the log only).
     async fn lost(&self, detail: impl Into<crate::provider::Cause>) -> SessionFault {
-        match self.end_for(SessionEnd::SESSION_END_UNSPECIFIED).await {
+        match self
+            .end_for(SessionEnd::SESSION_END_UNSPECIFIED, true)
+            .await
+        {
             SessionEnd::SESSION_END_UNSPECIFIED => SessionFault::infrastructure(detail),
             reason => SessionFault::ended(reason, STOPPED_DURING_CALL),
         }
@@ -297,7 +315,9 @@ impl SessionSandbox for OpenShellSession {
         };
         if ran.exit_code != 0 && ran.finished.ending != Ending::TimedOut {
             // A non-zero exit while the sandbox stopped is the session's end, not a result.
-            let reason = self.end_for(SessionEnd::SESSION_END_UNSPECIFIED).await;
+            let reason = self
+                .end_for(SessionEnd::SESSION_END_UNSPECIFIED, false)
+                .await;
             if reason != SessionEnd::SESSION_END_UNSPECIFIED {
                 return Err(SessionFault::ended(reason, STOPPED_DURING_CALL));
             }
@@ -331,7 +351,9 @@ impl SessionSandbox for OpenShellSession {
         if result.outcome == ProjectOutcome::PROJECT_OUTCOME_RUNNER_FAILED
             || result.outcome == ProjectOutcome::PROJECT_OUTCOME_PROTOCOL_ERROR
         {
-            let reason = self.end_for(SessionEnd::SESSION_END_UNSPECIFIED).await;
+            let reason = self
+                .end_for(SessionEnd::SESSION_END_UNSPECIFIED, true)
+                .await;
             if reason != SessionEnd::SESSION_END_UNSPECIFIED {
                 return Err(SessionFault::ended(reason, STOPPED_DURING_CALL));
             }
@@ -350,7 +372,9 @@ impl SessionSandbox for OpenShellSession {
         let args = [
             disk_bytes.to_string(),
             boundary::MAX_ENTRIES.to_owned(),
-            "statfs".to_owned(),
+            // `/tmp` is a directory on the gateway's disk unless `SANDBOX_DISK_MB` makes it a
+            // tmpfs: only the session's own files count, so they are walked.
+            "walk".to_owned(),
             MOUNTS.to_owned(),
         ];
         let command = boundary_command(
@@ -378,7 +402,9 @@ impl SessionSandbox for OpenShellSession {
             )),
             other => {
                 tracing::warn!(exit = ?other, "session sweep did not prove the call boundary");
-                let reason = self.end_for(SessionEnd::SESSION_END_BOUNDARY_FAILED).await;
+                let reason = self
+                    .end_for(SessionEnd::SESSION_END_BOUNDARY_FAILED, other.is_none())
+                    .await;
                 Err(SessionFault::ended(
                     reason,
                     "the between-calls cleanup could not be proven",

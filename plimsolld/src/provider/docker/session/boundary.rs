@@ -50,7 +50,11 @@ pub(crate) struct Listed {
 
 /// The baseline: exactly PID 1 and one child of PID 1 whose command line is `sleep
 /// 2147483647`; answers their identities.
-pub async fn baseline(engine: &Engine, container: &str, user: &str) -> Result<Vec<String>, String> {
+pub(in crate::provider::docker) async fn baseline(
+    engine: &Engine,
+    container: &str,
+    user: &str,
+) -> Result<Vec<String>, String> {
     let command = ["node".to_owned(), "-e".to_owned(), LISTER.to_owned()];
     let out = run_bounded(engine, container, user, &command, LISTER_OUTPUT_CAP)
         .await
@@ -82,7 +86,7 @@ pub(crate) fn check_baseline(listed: &[Listed]) -> Result<Vec<String>, String> {
 }
 
 /// The sweep after a call; `Ok` only on a clean exit.
-pub async fn sweep(
+pub(in crate::provider::docker) async fn sweep(
     engine: &Engine,
     container: &str,
     user: &str,
@@ -96,7 +100,7 @@ pub async fn sweep(
 /// The sweep before a project call (providers.md §9.3): a dirty result ends the session as
 /// [`sweep`] does, but a sweep docker could not even start refuses the call and keeps the
 /// session — nothing ran, and the next call's read-back and sweep decide again.
-pub async fn quiesce(
+pub(in crate::provider::docker) async fn quiesce(
     engine: &Engine,
     container: &str,
     user: &str,
@@ -133,7 +137,7 @@ async fn launch(
 }
 
 /// Stops every process in `ids` (all threads, proven within 2 s) for a granted call.
-pub async fn hold(
+pub(in crate::provider::docker) async fn hold(
     engine: &Engine,
     container: &str,
     user: &str,
@@ -151,7 +155,7 @@ pub async fn hold(
 
 /// Resumes every process in `ids`; answers whether each was still stopped just before (the
 /// hold's own word, for the log).
-pub async fn release(
+pub(in crate::provider::docker) async fn release(
     engine: &Engine,
     container: &str,
     user: &str,
@@ -179,7 +183,10 @@ async fn run_hold(
 }
 
 /// `node -e <script> <args…>` with the runner guard preloaded (non-dumpable from its start).
-pub(crate) fn guarded_node<'a>(script: &str, args: impl Iterator<Item = &'a String>) -> Vec<String> {
+pub(crate) fn guarded_node<'a>(
+    script: &str,
+    args: impl Iterator<Item = &'a String>,
+) -> Vec<String> {
     let mut command = vec![
         "/bin/sh".to_owned(),
         "-c".to_owned(),
