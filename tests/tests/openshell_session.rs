@@ -9,7 +9,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::net::SocketAddr;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use openshell_simulator::{ConfigFault, Faults, ReadbackFault};
 use plimsoll_tests::Daemon;
@@ -81,6 +81,19 @@ fn sandboxes_of(gw: &Gateway, run: &Value) -> Vec<Value> {
         .collect()
 }
 
+/// Waits (bounded) until the gateway has started `count` execs in all.
+fn wait_for_execs(gw: &Gateway, count: u64) {
+    let until = Instant::now() + Duration::from_secs(30);
+    while gw.count("execs_started") < count {
+        assert!(
+            Instant::now() < until,
+            "the gateway started {} execs, not {count}",
+            gw.count("execs_started")
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
 /// Every way a sandbox or its configuration can read back differently, once the session is
 /// open, ends the session as `sandbox_changed` at the next call before any code runs, and
 /// the session's sandbox is deleted.
@@ -112,12 +125,15 @@ fn a_session_sandbox_that_reads_back_differently_ends_before_code_runs() {
     for faults in cases {
         let name = format!("{:?}{:?}", faults.readback, faults.config);
         let id = open(&d);
+        let opened = gw.count("execs_started");
         let first = session_js(&d, &id, "console.log('first')");
         assert_eq!(first.status, 200, "{name}: {first}");
         let run = first.json()["run"].clone();
         assert_eq!(sandboxes_of(&gw, &run).len(), 1, "{name}");
+        // The call's exec, then the sweep's, which runs after the answer.
+        let execs = opened + 2;
+        wait_for_execs(&gw, execs);
         gw.faults(faults);
-        let execs = gw.count("execs_started");
         let resp = session_js(&d, &id, "console.log('must not run')");
         assert_ne!(resp.status, 200, "{name}: {resp}");
         let err = ConnectError::of(&resp);
