@@ -443,3 +443,64 @@ impl SessionSandbox for OpenShellSession {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::provider::openshell::readback::Mismatch;
+
+    fn end_of(fault: SessionFault) -> Option<SessionEnd> {
+        match fault {
+            SessionFault::Ended { reason, .. } => Some(reason),
+            SessionFault::Refused(_) | SessionFault::Infrastructure(_) => None,
+        }
+    }
+
+    fn status(code: tonic::Code) -> SandboxError {
+        SandboxError::Gateway(GatewayError::Status {
+            call: "GetSandbox",
+            code,
+            message: String::new(),
+        })
+    }
+
+    fn in_phase(phase: SandboxPhase) -> SandboxError {
+        SandboxError::Phase {
+            name: "plp-0".to_owned(),
+            phase,
+        }
+    }
+
+    #[test]
+    fn a_read_back_ends_the_session_by_the_table_and_a_silent_gateway_only_refuses() {
+        use SessionEnd::*;
+        let changed = Some(SESSION_END_SANDBOX_CHANGED);
+        assert_eq!(end_of(readback_fault(status(tonic::Code::NotFound))), changed);
+        let wrong = SandboxError::Readback {
+            name: "plp-0".to_owned(),
+            mismatch: Mismatch::Labels,
+        };
+        assert_eq!(end_of(readback_fault(wrong)), changed);
+        for phase in [
+            SandboxPhase::Stopped,
+            SandboxPhase::Stopping,
+            SandboxPhase::Deleting,
+        ] {
+            assert_eq!(end_of(readback_fault(in_phase(phase))), changed, "{phase:?}");
+        }
+        assert_eq!(
+            end_of(readback_fault(in_phase(SandboxPhase::Error))),
+            Some(SESSION_END_MAIN_PROCESS_ENDED)
+        );
+        // The gateway did not answer: nothing ran and the session goes on.
+        assert!(matches!(
+            readback_fault(status(tonic::Code::Unavailable)),
+            SessionFault::Refused(_)
+        ));
+        let timeout = SandboxError::Gateway(GatewayError::Timeout {
+            call: "GetSandbox",
+            budget: Duration::from_secs(1),
+        });
+        assert!(matches!(readback_fault(timeout), SessionFault::Refused(_)));
+    }
+}
