@@ -475,7 +475,10 @@ mod tests {
     fn a_read_back_ends_the_session_by_the_table_and_a_silent_gateway_only_refuses() {
         use SessionEnd::*;
         let changed = Some(SESSION_END_SANDBOX_CHANGED);
-        assert_eq!(end_of(readback_fault(status(tonic::Code::NotFound))), changed);
+        assert_eq!(
+            end_of(readback_fault(status(tonic::Code::NotFound))),
+            changed
+        );
         let wrong = SandboxError::Readback {
             name: "plp-0".to_owned(),
             mismatch: Mismatch::Labels,
@@ -486,7 +489,11 @@ mod tests {
             SandboxPhase::Stopping,
             SandboxPhase::Deleting,
         ] {
-            assert_eq!(end_of(readback_fault(in_phase(phase))), changed, "{phase:?}");
+            assert_eq!(
+                end_of(readback_fault(in_phase(phase))),
+                changed,
+                "{phase:?}"
+            );
         }
         assert_eq!(
             end_of(readback_fault(in_phase(SandboxPhase::Error))),
