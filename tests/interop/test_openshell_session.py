@@ -203,6 +203,8 @@ class OpenShellSessionTest(unittest.TestCase):
         self.assertEqual((read.stdout, read.exit_code), (b"through a stop\n", 0), read.stderr)
         self.assertEqual(read.record.instance, instance, "the same sandbox, started again")
         self.assertEqual(read.record.previous_sha256, wrote.record.sha256)
+        # Stopped again, then closed as it is: the delete is confirmed before the answer.
+        admin.wait_for("a stopped session sandbox", lambda: phase() == "SANDBOX_PHASE_STOPPED")
         summary = s.close()
         self.assertEqual((summary.calls, summary.end), (2, "closed"))
         self.assertEqual(phase(), "gone")
