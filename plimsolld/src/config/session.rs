@@ -2,7 +2,7 @@
 //! each may live and idle, and how much disk a session may fill between calls.
 //!
 //! Sessions are off unless `SANDBOX_MAX_SESSIONS` is above 0, and only a provider that keeps
-//! sessions (docker, with its project image) may turn them on: any other provider with a
+//! sessions (docker, with its project image; openshell) may turn them on: any other provider with a
 //! session cap is a startup error, never a silent "off".
 
 use std::time::Duration;
@@ -88,7 +88,7 @@ pub enum SessionConfigProblem {
     },
     /// Sessions were asked of a provider that keeps none.
     #[error(
-        "SANDBOX_MAX_SESSIONS={value} but the {provider} provider keeps no sessions (sessions need the docker provider and its project image); unset it or set 0"
+        "SANDBOX_MAX_SESSIONS={value} but the {provider} provider keeps no sessions (sessions need the docker provider and its project image, or openshell); unset it or set 0"
     )]
     ProviderWithoutSessions { value: u32, provider: &'static str },
     /// A pool without sessions, larger than the session cap, or on a provider other than

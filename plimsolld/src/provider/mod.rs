@@ -145,6 +145,11 @@ impl Hold {
     pub fn new(slot: impl Send + Sync + 'static) -> Hold {
         Hold(Some(Box::new(slot)))
     }
+
+    /// Whether a slot is held.
+    pub fn is_held(&self) -> bool {
+        self.0.is_some()
+    }
 }
 
 impl std::fmt::Debug for Hold {

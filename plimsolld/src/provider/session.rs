@@ -189,6 +189,13 @@ pub trait SessionSandbox: Send + Sync + 'static {
     /// ends the session.
     async fn suspend(&mut self) -> Result<(), SessionFault>;
 
+    /// Whether a suspended sandbox gives its admission slot back (providers.md §10: a
+    /// suspended session holds no slot, except on docker, where suspend is a pause that keeps
+    /// memory and processes). When it does, the next call must be admitted again first.
+    fn suspend_frees_slot(&self) -> bool {
+        false
+    }
+
     /// Removes the sandbox; returns once it is gone (or every attempt failed, logged).
     async fn finish(&mut self);
 }

@@ -264,7 +264,17 @@ impl Call {
     /// leaves the sweep to run after the answer (its verdict reaches the next call).
     async fn run(self, job: Job) -> Result<SessionRunResponse, ConnectError> {
         let mut turn = self.entry.take_turn().await?;
-        let Turn { sandbox, slot, .. } = &mut *turn;
+        let Turn {
+            sandbox,
+            slot,
+            hold,
+            ..
+        } = &mut *turn;
+        // A sandbox whose suspend gave its slot back needs one again before it resumes.
+        if !hold.is_held() {
+            let permit = self.state.admission.admit(&self.entry.stated.caller)?;
+            *hold = Hold::new(permit);
+        }
         let Some(sandbox) = sandbox.as_mut() else {
             return Err(self.ended_refusal().into());
         };

@@ -89,7 +89,13 @@ async fn suspend(sessions: &Arc<Sessions>, entry: &Arc<Entry>) {
     };
     // Not cancellable: the watcher is the only one awaiting it.
     match sandbox.suspend().await {
-        Ok(()) => entry.set_suspended(true),
+        Ok(()) => {
+            entry.set_suspended(true);
+            // A stopped sandbox holds no slot; the next call is admitted again.
+            if sandbox.suspend_frees_slot() {
+                drop(std::mem::take(&mut turn.hold));
+            }
+        }
         Err(fault) => {
             let (reason, detail) =
                 fault.into_end("suspend", "the idle session could not be suspended");

@@ -19,8 +19,12 @@ use plimsoll_tests::openshell::{Gateway, START_TIMEOUT};
 use plimsoll_tests::{Daemon, connect};
 
 fn openshell_daemon(f: &Fixture, gw: &Gateway) -> Daemon {
+    openshell_daemon_with(f, gw, &[])
+}
+
+fn openshell_daemon_with(f: &Fixture, gw: &Gateway, extra: &[(&str, &str)]) -> Daemon {
     let mut env = f.env(&[]);
-    for (k, v) in gw.env(&[]) {
+    for (k, v) in gw.env(extra) {
         env.retain(|(name, _)| *name != k);
         env.push((k, v));
     }
@@ -280,4 +284,86 @@ fn bench_granted_call_through_the_relay_against_docker() {
         os_p50 / dk_p50,
         os_p95 / dk_p95,
     );
+}
+
+/// A session call on openshell lends its grant through a relay started for that call alone:
+/// the client reaches the API with the caller's token, the call's SSH-session tokens are
+/// revoked before the next call, an ungranted call sees no variable and no client, and a
+/// profile without `allow_in_sessions` is refused before anything runs.
+#[test]
+fn openshell_a_session_call_lends_its_grant_through_the_relay() {
+    if !docker_ready() {
+        return;
+    }
+    let f = Fixture::start();
+    f.write_grants(&crate::grants::sessions::session_profiles(&f));
+    let gw = Gateway::start();
+    let d = openshell_daemon_with(&f, &gw, &[("SANDBOX_MAX_SESSIONS", "2")]);
+    let call = |procedure: &str, body: Value| {
+        let resp = connect::call_as(&f.alice, procedure, &body).send(d.addr);
+        (resp.status, resp.json())
+    };
+    let (status, opened) = call(
+        "OpenSession",
+        serde_json::json!({ "protocol": connect::PROTOCOL }),
+    );
+    assert_eq!(status, 200, "{opened}");
+    let id = opened["sessionId"].as_str().expect("sessionId").to_owned();
+    let snippet = |code: &str, profile: &str| {
+        let mut js = serde_json::json!({ "code": code });
+        if !profile.is_empty() {
+            js["grantProfile"] = serde_json::json!(profile);
+        }
+        connect::call_as(
+            &f.alice,
+            "SessionRun",
+            &serde_json::json!({
+                "protocol": connect::PROTOCOL,
+                "sessionId": id,
+                "timeoutMs": 30_000,
+                "javascript": js,
+            }),
+        )
+        .send(d.addr)
+    };
+    let stdout = |resp: &plimsoll_tests::http1::Response| {
+        assert_eq!(resp.status, 200, "{resp}");
+        let v = resp.json();
+        let out = v["run"]["javascript"]["stdout"]
+            .as_str()
+            .and_then(connect::decode_base64)
+            .unwrap_or_default();
+        String::from_utf8_lossy(&out).into_owned()
+    };
+
+    let granted = snippet(
+        "host.get('/items/7').then((v) => console.log(v.id, process.env.HOST_API_SOCKET.startsWith('/tmp/')))",
+        "sess",
+    );
+    assert_eq!(stdout(&granted), "7 true\n", "{granted}");
+    let tokens = bearers(&f.api.requests());
+    assert_eq!(tokens.len(), 1, "{:?}", f.api.requests());
+    assert_eq!(verify_jwt(&tokens[0], SECRET)["sub"], "alice");
+    assert!(
+        gw.count("ssh_sessions_created") > 0,
+        "dialled through a token"
+    );
+    assert_nothing_live(&gw);
+
+    let bare = snippet("console.log(process.env.HOST_API_SOCKET, typeof host)", "");
+    assert_eq!(stdout(&bare), "undefined undefined\n", "{bare}");
+
+    f.api.clear_requests();
+    let not_for_sessions = snippet("host.get('/items/7')", "inv");
+    assert_ne!(not_for_sessions.status, 200, "{not_for_sessions}");
+    assert_permission(&connect::ConnectError::of(&not_for_sessions));
+    assert!(f.api.requests().is_empty(), "{:?}", f.api.requests());
+
+    let (status, closed) = call(
+        "CloseSession",
+        serde_json::json!({ "protocol": connect::PROTOCOL, "sessionId": id }),
+    );
+    assert_eq!(status, 200, "{closed}");
+    assert_eq!(closed["ended"], "SESSION_END_CLOSED", "{closed}");
+    assert_nothing_live(&gw);
 }

@@ -46,7 +46,7 @@ req.end();
 
 /// The grants file: `sess` may be lent in sessions and caps `GET /items/*` at 2 calls;
 /// `inv` is the same API without `allow_in_sessions`.
-fn session_profiles(f: &Fixture) -> Value {
+pub(super) fn session_profiles(f: &Fixture) -> Value {
     let jwt = json!({ "type": "jwt", "secret_env": "INV_SECRET", "audience": AUDIENCE });
     json!({ "profiles": {
         "sess": {

@@ -44,6 +44,10 @@ mod session;
 pub(crate) mod settings;
 mod smoke;
 
+/// The session boundary's guest programs and baseline rule, shared with sessions on openshell.
+#[cfg(feature = "openshell")]
+pub(crate) use session::boundary as session_boundary;
+
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;

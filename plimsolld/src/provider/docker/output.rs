@@ -41,6 +41,11 @@ impl Capped {
         &self.kept
     }
 
+    /// Whether bytes were dropped.
+    pub fn truncated(&self) -> bool {
+        self.truncated
+    }
+
     /// The kept bytes and the flag.
     pub fn into_parts(self) -> Kept {
         (self.kept, self.truncated)

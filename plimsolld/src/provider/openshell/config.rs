@@ -166,6 +166,11 @@ impl ProviderSettings for OpenShellConfig {
         true
     }
 
+    fn keeps_sessions(&self) -> bool {
+        // One gateway sandbox per session, stopped while idle.
+        true
+    }
+
     /// The image pinned by digest.
     fn surface_violations(&self) -> Vec<String> {
         if self.require_pinned_images && is_pinned(&self.image) {

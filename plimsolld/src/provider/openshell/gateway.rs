@@ -240,7 +240,6 @@ impl Gateway {
     }
 
     /// `StopSandbox`.
-    #[allow(dead_code)] // for sessions on openshell (issue 17, item 2)
     pub async fn stop(&self, name: &str) -> Result<Sandbox, GatewayError> {
         let mut c = self.client.clone();
         let request = StopSandboxRequest {
@@ -259,7 +258,6 @@ impl Gateway {
     }
 
     /// `StartSandbox`.
-    #[allow(dead_code)] // for sessions on openshell (issue 17, item 2)
     pub async fn start(&self, name: &str) -> Result<Sandbox, GatewayError> {
         let mut c = self.client.clone();
         let request = StartSandboxRequest {

@@ -11,7 +11,8 @@
 //! ([`dial`]): the sandbox keeps its no-network policy. Sandboxes are deleted in the
 //! background while the run's admission slot is held ([`sandbox`]); what crashes leave is
 //! swept every minute on the gateway's clock ([`orphans`]). The startup proof ([`smoke`])
-//! checks from inside one throwaway sandbox everything grants.md §8.6 lists.
+//! checks from inside one throwaway sandbox everything grants.md §8.6 lists. Sessions keep
+//! one sandbox across calls ([`session`]), stopped while idle.
 //!
 //! No OpenShell gateway can be reached where plimsoll is built and tested: this provider is
 //! tested against `tests/simulators/openshell`, itself checked with OpenShell's published
@@ -29,6 +30,7 @@ mod readback;
 mod readiness;
 mod runs;
 mod sandbox;
+mod session;
 mod shape;
 mod smoke;
 
@@ -230,7 +232,7 @@ impl Inner {
         } = run;
         let timeout = timeout.min(SNIPPET_MAX_TIMEOUT);
         let lease = self.fleet.lease(timeout + LIFETIME_SLACK, hold).await?;
-        let ran = runs::snippet(&lease, code, timeout, grant).await?;
+        let ran = runs::snippet(&lease, code, timeout, grant, false).await?;
         let (stdout, stdout_truncated) = ran.finished.stdout.into_parts();
         let (stderr, stderr_truncated) = ran.finished.stderr.into_parts();
         Ok(SnippetOutcome {
@@ -355,6 +357,9 @@ impl Provider for OpenShell {
                 vec!["javascript".to_owned()],
             ),
             project: environment(DEFAULT_TIMEOUT, MAX_TIMEOUT, proven.languages.clone()),
+            // Session calls run in the same image, with the project timeouts.
+            supports_sessions: true,
+            session: environment(DEFAULT_TIMEOUT, MAX_TIMEOUT, proven.languages.clone()),
             resources: inner.resources,
             policy: if proven.policy_hash.is_empty() {
                 String::new()
@@ -373,6 +378,13 @@ impl Provider for OpenShell {
     async fn run_project(&self, plan: ProjectPlan) -> Result<ProjectReport, ProviderError> {
         let proven = self.inner.ready_or_refuse()?;
         Ok(self.inner.project(plan, &proven).await?)
+    }
+
+    async fn open_session(
+        &self,
+        open: super::SessionOpen,
+    ) -> Result<super::OpenedSession, ProviderError> {
+        session::open(&self.inner, open).await
     }
 
     async fn sweep_orphans(&self) {

@@ -22,6 +22,8 @@ use crate::provider::docker::settings::OUTPUT_CAP;
 
 /// A project's work directory in the sandbox.
 pub const WORK: &str = "/tmp/work";
+/// A session snippet's command: `node -` in the work directory, where the session's files are.
+const WORK_SNIPPET: &str = "mkdir -p \"$PLIMSOLL_WORK\" && cd \"$PLIMSOLL_WORK\" && exec node -";
 /// The project command: the work directory, the guard, then the runner in place of the shell.
 fn project_script() -> String {
     format!("mkdir -p \"$PLIMSOLL_WORK\" && export LD_PRELOAD={GUARD} && exec node {RUNNER}")
@@ -72,15 +74,23 @@ async fn close(relay: Option<Relay>) {
     }
 }
 
-/// Runs a snippet in `lease`.
+/// Runs a snippet in `lease`; `in_work`: in the work directory (a session's snippet, which
+/// sees the files earlier calls left there).
 pub async fn snippet(
     lease: &Lease,
     code: String,
     timeout: Duration,
     grant: Option<Arc<GuestGrant>>,
+    in_work: bool,
 ) -> Result<SnippetRan, RunError> {
     let relay = relay_for(lease, grant.as_deref()).await?;
     let mut env = BTreeMap::new();
+    let argv = if in_work {
+        env.insert("PLIMSOLL_WORK".to_owned(), WORK.to_owned());
+        ["sh", "-c", WORK_SNIPPET].map(str::to_owned).to_vec()
+    } else {
+        ["node", "-"].map(str::to_owned).to_vec()
+    };
     let code = match (&relay, grant.as_deref()) {
         (Some(relay), Some(g)) => {
             env.insert(HOST_API_SOCKET.to_owned(), relay.socket.clone());
@@ -89,7 +99,7 @@ pub async fn snippet(
         _ => code,
     };
     let command = Command {
-        argv: vec!["node".to_owned(), "-".to_owned()],
+        argv,
         env,
         stdin: code.into_bytes(),
         timeout,

@@ -186,6 +186,7 @@ impl Fleet {
             id: String::new(),
             policy_hash: String::new(),
             hold: Some(hold),
+            removed: false,
         };
         let sent = SystemTime::now();
         self.gateway.create(lease.shape.request()).await?;
@@ -256,6 +257,8 @@ pub struct Lease {
     id: String,
     policy_hash: String,
     hold: Option<Hold>,
+    /// Deleted by [`Lease::remove`]: nothing is left for the drop to do.
+    removed: bool,
 }
 
 impl Lease {
@@ -331,8 +334,17 @@ impl Lease {
         Ok(())
     }
 
+    /// Deletes the sandbox now and waits for the gateway to say it is gone (a session's
+    /// end, which counts as done only after removal); answers whether it is gone. The name
+    /// is untracked either way: a sandbox still there is the orphan sweep's.
+    pub async fn remove(mut self) -> bool {
+        let gone = self.fleet.delete(&self.shape.name).await;
+        self.fleet.held.release(&self.shape.name);
+        self.removed = true;
+        gone
+    }
+
     /// Reads the sandbox back again (a session, before each call).
-    #[allow(dead_code)] // for sessions on openshell (issue 17, item 2)
     pub async fn verify_again(&mut self) -> Result<(), SandboxError> {
         let got = self.fleet.gateway.get(self.name()).await?;
         match phase(&got) {
@@ -347,6 +359,9 @@ impl Lease {
 
 impl Drop for Lease {
     fn drop(&mut self) {
+        if self.removed {
+            return;
+        }
         let fleet = Arc::clone(&self.fleet);
         let name = self.shape.name.clone();
         let hold = self.hold.take();

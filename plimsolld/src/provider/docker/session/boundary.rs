@@ -4,6 +4,9 @@
 //! their identities (`pid:starttime:cmdlinehex`) become the keep set. After each call, the
 //! sweep, non-dumpable under the runner guard, kills everything else and measures the disk;
 //! only its exit code is trusted, and anything but a clean exit ends the session.
+//!
+//! The guest-side programs (lister, sweep) and the baseline rule are shared with sessions on
+//! openshell, which run them through the gateway's exec instead of `docker exec`.
 
 use std::time::Duration;
 
@@ -19,9 +22,9 @@ use crate::provider::SessionFault;
 use plimsoll::refusal::Refusal;
 
 /// The lister, run with `node -e`.
-const LISTER: &str = include_str!("lister.js");
+pub(crate) const LISTER: &str = include_str!("lister.js");
 /// The sweep, run with `node -e` under the guard.
-const SWEEP: &str = include_str!("sweep.js");
+pub(crate) const SWEEP: &str = include_str!("sweep.js");
 /// The hold on kept processes during a granted call, run with `node -e` under the guard.
 const HOLD: &str = include_str!("hold.js");
 /// What the hold may print.
@@ -33,13 +36,13 @@ const SWEEP_OUTPUT_CAP: usize = 4096;
 /// What the lister may print.
 const LISTER_OUTPUT_CAP: usize = 64 * 1024;
 /// The sweep's bound on entries walked.
-const MAX_ENTRIES: &str = "200000";
+pub(crate) const MAX_ENTRIES: &str = "200000";
 /// The mounts the disk budget covers.
 const MOUNTS: &str = "/tmp,/work,/dev/shm";
 
 /// One process as the lister saw it.
 #[derive(Debug, Deserialize)]
-struct Listed {
+pub(crate) struct Listed {
     pid: u64,
     ppid: u64,
     id: String,
@@ -47,7 +50,11 @@ struct Listed {
 
 /// The baseline: exactly PID 1 and one child of PID 1 whose command line is `sleep
 /// 2147483647`; answers their identities.
-pub async fn baseline(engine: &Engine, container: &str, user: &str) -> Result<Vec<String>, String> {
+pub(in crate::provider::docker) async fn baseline(
+    engine: &Engine,
+    container: &str,
+    user: &str,
+) -> Result<Vec<String>, String> {
     let command = ["node".to_owned(), "-e".to_owned(), LISTER.to_owned()];
     let out = run_bounded(engine, container, user, &command, LISTER_OUTPUT_CAP)
         .await
@@ -63,7 +70,7 @@ pub async fn baseline(engine: &Engine, container: &str, user: &str) -> Result<Ve
     check_baseline(&listed)
 }
 
-fn check_baseline(listed: &[Listed]) -> Result<Vec<String>, String> {
+pub(crate) fn check_baseline(listed: &[Listed]) -> Result<Vec<String>, String> {
     let sleep_hex = hex::encode(SLEEP_ARGV.join("\0"));
     let init = listed.iter().find(|p| p.pid == 1);
     let sleep = listed
@@ -79,7 +86,7 @@ fn check_baseline(listed: &[Listed]) -> Result<Vec<String>, String> {
 }
 
 /// The sweep after a call; `Ok` only on a clean exit.
-pub async fn sweep(
+pub(in crate::provider::docker) async fn sweep(
     engine: &Engine,
     container: &str,
     user: &str,
@@ -93,7 +100,7 @@ pub async fn sweep(
 /// The sweep before a project call (providers.md §9.3): a dirty result ends the session as
 /// [`sweep`] does, but a sweep docker could not even start refuses the call and keeps the
 /// session — nothing ran, and the next call's read-back and sweep decide again.
-pub async fn quiesce(
+pub(in crate::provider::docker) async fn quiesce(
     engine: &Engine,
     container: &str,
     user: &str,
@@ -130,7 +137,7 @@ async fn launch(
 }
 
 /// Stops every process in `ids` (all threads, proven within 2 s) for a granted call.
-pub async fn hold(
+pub(in crate::provider::docker) async fn hold(
     engine: &Engine,
     container: &str,
     user: &str,
@@ -148,7 +155,7 @@ pub async fn hold(
 
 /// Resumes every process in `ids`; answers whether each was still stopped just before (the
 /// hold's own word, for the log).
-pub async fn release(
+pub(in crate::provider::docker) async fn release(
     engine: &Engine,
     container: &str,
     user: &str,
@@ -176,7 +183,10 @@ async fn run_hold(
 }
 
 /// `node -e <script> <args…>` with the runner guard preloaded (non-dumpable from its start).
-fn guarded_node<'a>(script: &str, args: impl Iterator<Item = &'a String>) -> Vec<String> {
+pub(crate) fn guarded_node<'a>(
+    script: &str,
+    args: impl Iterator<Item = &'a String>,
+) -> Vec<String> {
     let mut command = vec![
         "/bin/sh".to_owned(),
         "-c".to_owned(),

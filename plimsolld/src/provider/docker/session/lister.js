@@ -1,7 +1,9 @@
 // plimsoll's session process lister (providers.md §9.1): run by plimsolld over `docker exec`
-// right after a session container starts. It prints one JSON array of every process it can
-// see except itself: {pid, ppid, id}, where id is "pid:starttime:cmdlinehex". Any process it
-// cannot read (other than one that just ended) makes it exit 2: the baseline is unprovable.
+// (or the openshell gateway's exec) right after a session sandbox starts. It prints one JSON
+// array of every process it can see except itself and its ancestors (none under `docker exec`;
+// the gateway's exec wrapper under openshell): {pid, ppid, id}, where id is
+// "pid:starttime:cmdlinehex". Any process it cannot read (other than one that just ended) makes
+// it exit 2: the baseline is unprovable.
 "use strict";
 const fs = require("fs");
 
@@ -20,11 +22,22 @@ function describe(pid) {
     };
 }
 
+// Itself and every ancestor it can walk to, as the sweep spares them.
+const spared = new Set();
+for (let pid = process.pid; pid > 0 && !spared.has(pid);) {
+    spared.add(pid);
+    try {
+        pid = describe(pid).ppid;
+    } catch {
+        break;
+    }
+}
+
 const seen = [];
 for (const name of fs.readdirSync("/proc")) {
     if (!/^[0-9]+$/.test(name)) continue;
     const pid = Number(name);
-    if (pid === process.pid) continue;
+    if (spared.has(pid)) continue;
     try {
         const p = describe(pid);
         if ((p.flags & 0x200000) !== 0) continue;

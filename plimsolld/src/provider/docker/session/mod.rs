@@ -12,7 +12,7 @@
 //! - cells ([`cells`], with the [`cell`] machinery): one interpreter per language, kept
 //!   across calls, spared by the sweep and ended before any project call.
 
-mod boundary;
+pub(crate) mod boundary;
 mod calls;
 pub mod cell;
 mod cells;

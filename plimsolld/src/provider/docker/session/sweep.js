@@ -1,16 +1,19 @@
 // plimsoll's session sweep (providers.md §9.4): run by plimsolld over `docker exec` after each
 // session call, non-dumpable under the runner guard, as
 //
-//   node -e <this> <disk bytes> <max entries> statfs <mounts,comma,separated> <keep ids…>
+//   node -e <this> <disk bytes> <max entries> statfs|walk <mounts,comma,separated> <keep ids…>
 //
 // It kills every process except the kept ones (each "pid:starttime:cmdlinehex"), itself and
-// its ancestors, until every other process is proven gone, then measures the disk. Exit codes:
-// 0 clean; 10 over the disk budget; 11 a mount could not be measured; 1 the boundary could
-// not be proven within 50 rounds. Nothing it prints is trusted beyond its exit code.
+// its ancestors, until every other process is proven gone, then measures the disk: `statfs`
+// when each mount is the session's own tmpfs (docker), `walk` (the blocks of every entry under
+// the mounts, at most <max entries>) when a mount is a directory on a larger filesystem
+// (openshell). Exit codes: 0 clean; 10 over the disk budget; 11 a mount could not be
+// measured; 1 the boundary could not be proven within 50 rounds. Nothing it prints is trusted
+// beyond its exit code.
 "use strict";
 const fs = require("fs");
 
-const [diskArg, , mode, mountsArg, ...keepIds] = process.argv.slice(1);
+const [diskArg, maxArg, mode, mountsArg, ...keepIds] = process.argv.slice(1);
 const keep = new Set(keepIds);
 const diskBytes = BigInt(diskArg || "0");
 const KERNEL_THREAD = 0x200000;
@@ -109,6 +112,35 @@ if (mode === "statfs" && diskBytes > 0n) {
             used += (s.blocks - s.bfree) * s.bsize;
         } catch {
             process.exit(11);
+        }
+    }
+    if (used > diskBytes) process.exit(10);
+} else if (mode === "walk" && diskBytes > 0n) {
+    const maxEntries = Number(maxArg || "0");
+    const pending = (mountsArg || "").split(",").filter(Boolean);
+    let used = 0n;
+    let walked = 0;
+    while (pending.length > 0) {
+        const dir = pending.pop();
+        let names;
+        try {
+            names = fs.readdirSync(dir);
+        } catch (e) {
+            if (gone(e.code)) continue;
+            process.exit(11);
+        }
+        for (const name of names) {
+            if (++walked > maxEntries) process.exit(11);
+            const path = `${dir}/${name}`;
+            let st;
+            try {
+                st = fs.lstatSync(path, { bigint: true });
+            } catch (e) {
+                if (gone(e.code)) continue;
+                process.exit(11);
+            }
+            used += st.blocks * 512n;
+            if (st.isDirectory()) pending.push(path);
         }
     }
     if (used > diskBytes) process.exit(10);

@@ -1,0 +1,182 @@
+//! Sessions on the openshell provider end to end (issue 17 item 2; providers.md §9, grants.md
+//! §8.4): a real `plimsolld` with sessions on against the gateway simulator, its sandboxes
+//! under the runtime `PLIMSOLL_TEST_DOCKER_RUNTIME` names.
+//!
+//! What the published client's suite (tests/interop/test_openshell_session.py) cannot drive:
+//! the read-back before every call, which ends the session as `sandbox_changed` on any
+//! difference before code runs, and a sandbox that dies under a call. Docker, the project
+//! image and the built simulator are required, as for the openshell suite.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::net::SocketAddr;
+use std::time::{Duration, Instant};
+
+use openshell_simulator::{ConfigFault, Faults, ReadbackFault};
+use plimsoll_tests::Daemon;
+use plimsoll_tests::connect::{self, ConnectError};
+use plimsoll_tests::docker::docker_ready;
+use plimsoll_tests::http1::{Connection, Request, Response};
+use plimsoll_tests::openshell::Gateway;
+use serde_json::{Value, json};
+
+const ANSWER_TIMEOUT: Duration = Duration::from_secs(120);
+/// `SessionEnd` numbers (wire.md §5.4).
+const MAIN_PROCESS_ENDED: u8 = 4;
+const SANDBOX_CHANGED: u8 = 6;
+
+fn send(addr: SocketAddr, req: &Request) -> Response {
+    let mut conn = Connection::open(addr);
+    conn.set_read_timeout(ANSWER_TIMEOUT);
+    conn.send(&req.to_bytes(addr)).expect("send");
+    conn.read_response(false).expect("answer")
+}
+
+fn open(d: &Daemon) -> String {
+    let resp = send(
+        d.addr,
+        &connect::call("OpenSession", &json!({ "protocol": connect::PROTOCOL })),
+    );
+    assert_eq!(resp.status, 200, "open: {resp}");
+    resp.json()["sessionId"]
+        .as_str()
+        .expect("sessionId")
+        .to_owned()
+}
+
+fn session_js(d: &Daemon, id: &str, code: &str) -> Response {
+    let body = json!({
+        "protocol": connect::PROTOCOL,
+        "sessionId": id,
+        "javascript": { "code": code },
+    });
+    send(d.addr, &connect::call("SessionRun", &body))
+}
+
+fn close(d: &Daemon, id: &str) -> Value {
+    let body = json!({ "protocol": connect::PROTOCOL, "sessionId": id });
+    let resp = send(d.addr, &connect::call("CloseSession", &body));
+    assert_eq!(resp.status, 200, "close: {resp}");
+    resp.json()
+}
+
+/// The `SessionEnded` reason number in an error answer.
+fn ended_reason(err: &ConnectError) -> Option<u8> {
+    err.detail("plimsoll.v1.SessionEnded").and_then(|b| {
+        (b.first() == Some(&0x08))
+            .then(|| b.get(1).copied())
+            .flatten()
+    })
+}
+
+/// The gateway's sandboxes whose id the run's `openshell-sandbox:<id>` instance names.
+fn sandboxes_of(gw: &Gateway, run: &Value) -> Vec<Value> {
+    let id = run["instance"]
+        .as_str()
+        .and_then(|i| i.strip_prefix("openshell-sandbox:"))
+        .expect("an openshell-sandbox instance")
+        .to_owned();
+    gw.sandboxes()
+        .into_iter()
+        .filter(|s| s["id"] == id.as_str())
+        .collect()
+}
+
+/// Waits (bounded) until the gateway has started `count` execs in all.
+fn wait_for_execs(gw: &Gateway, count: u64) {
+    let until = Instant::now() + Duration::from_secs(30);
+    while gw.count("execs_started") < count {
+        assert!(
+            Instant::now() < until,
+            "the gateway started {} execs, not {count}",
+            gw.count("execs_started")
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// Every way a sandbox or its configuration can read back differently, once the session is
+/// open, ends the session as `sandbox_changed` at the next call before any code runs, and
+/// the session's sandbox is deleted.
+#[test]
+fn a_session_sandbox_that_reads_back_differently_ends_before_code_runs() {
+    if !docker_ready() {
+        return;
+    }
+    let gw = Gateway::start();
+    let d = gw.daemon(&[("SANDBOX_MAX_SESSIONS", "2")]);
+    let cases = [
+        Faults {
+            readback: vec![ReadbackFault::Policy],
+            ..Faults::default()
+        },
+        Faults {
+            readback: vec![ReadbackFault::Labels],
+            ..Faults::default()
+        },
+        Faults {
+            readback: vec![ReadbackFault::Providers],
+            ..Faults::default()
+        },
+        Faults {
+            config: vec![ConfigFault::PolicyHash],
+            ..Faults::default()
+        },
+    ];
+    for faults in cases {
+        let name = format!("{:?}{:?}", faults.readback, faults.config);
+        let id = open(&d);
+        let opened = gw.count("execs_started");
+        let first = session_js(&d, &id, "console.log('first')");
+        assert_eq!(first.status, 200, "{name}: {first}");
+        let run = first.json()["run"].clone();
+        assert_eq!(sandboxes_of(&gw, &run).len(), 1, "{name}");
+        // The call's exec, then the sweep's, which runs after the answer.
+        let execs = opened + 2;
+        wait_for_execs(&gw, execs);
+        gw.faults(faults);
+        let resp = session_js(&d, &id, "console.log('must not run')");
+        assert_ne!(resp.status, 200, "{name}: {resp}");
+        let err = ConnectError::of(&resp);
+        assert_eq!(err.code, "failed_precondition", "{name}: {err:?}");
+        assert_eq!(ended_reason(&err), Some(SANDBOX_CHANGED), "{name}: {err:?}");
+        assert!(err.not_dispatched().is_some(), "{name}: marked: {err:?}");
+        assert_eq!(gw.count("execs_started"), execs, "{name}: code ran");
+        gw.faults(Faults::default());
+        let closed = close(&d, &id);
+        assert_eq!(
+            closed["ended"], "SESSION_END_SANDBOX_CHANGED",
+            "{name}: {closed}"
+        );
+        assert_eq!(sandboxes_of(&gw, &run), Vec::<Value>::new(), "{name}");
+    }
+}
+
+/// A sandbox that dies under a call ends the session as `main_process_ended` (the call's own
+/// answer), and the session's sandbox is deleted.
+#[test]
+fn a_session_sandbox_that_dies_during_a_call_ends_the_session() {
+    if !docker_ready() {
+        return;
+    }
+    let gw = Gateway::start();
+    let d = gw.daemon(&[("SANDBOX_MAX_SESSIONS", "2")]);
+    let id = open(&d);
+    let first = session_js(&d, &id, "console.log('first')");
+    assert_eq!(first.status, 200, "{first}");
+    let run = first.json()["run"].clone();
+    gw.faults(Faults {
+        die_after_exec_start_ms: Some(500),
+        ..Faults::default()
+    });
+    let resp = session_js(&d, &id, "setTimeout(() => console.log('late'), 20000)");
+    gw.faults(Faults::default());
+    assert_ne!(resp.status, 200, "{resp}");
+    let err = ConnectError::of(&resp);
+    assert_eq!(ended_reason(&err), Some(MAIN_PROCESS_ENDED), "{err:?}");
+    let closed = close(&d, &id);
+    assert_eq!(
+        closed["ended"], "SESSION_END_MAIN_PROCESS_ENDED",
+        "{closed}"
+    );
+    assert_eq!(sandboxes_of(&gw, &run), Vec::<Value>::new());
+}
