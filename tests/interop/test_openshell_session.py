@@ -105,6 +105,17 @@ def start_daemon(ready: Dict[str, str]) -> Plimsolld:
     )
 
 
+def sandboxes_have_yama(runtime: str) -> bool:
+    """Whether the simulator's sandboxes see Yama's ptrace_scope at 1 or more: gVisor's own
+    kernel does; under runc they see the host's."""
+    if runtime == "runsc":
+        return True
+    try:
+        return int(pathlib.Path("/proc/sys/kernel/yama/ptrace_scope").read_text().strip()) >= 1
+    except (OSError, ValueError):
+        return False
+
+
 def until_admitted(call: Callable[[], object]) -> object:
     """`call`, again while it is shed for capacity (a one-shot run's sandbox is deleted in
     the background while its slot is held); a shed call ran nothing."""
@@ -133,6 +144,13 @@ class OpenShellSessionTest(unittest.TestCase):
                 sim = Simulator(runtime, certs)
                 try:
                     admin = Admin(sim.ready["admin_url"])
+                    if not sandboxes_have_yama(runtime):
+                        # Sessions on openshell fail closed without Yama (grants.md §8.6).
+                        with self.assertRaises(RuntimeError) as refused:
+                            start_daemon(sim.ready)
+                        self.assertIn("Yama ptrace_scope", str(refused.exception))
+                        self.assertEqual(admin.sandboxes(), [], "the refused start leaves no sandbox")
+                        continue
                     daemon = start_daemon(sim.ready)
                     try:
                         client = pc.Client(daemon.url, daemon.token, request_timeout=REQUEST_TIMEOUT)

@@ -92,6 +92,22 @@ impl Gateway {
         Daemon::start_within(&refs, START_TIMEOUT)
     }
 
+    /// A daemon with sessions on (`extra` names `SANDBOX_MAX_SESSIONS`), where the
+    /// sandboxes' kernel has Yama's ptrace restriction; elsewhere (runc on a host without
+    /// Yama) asserts that the daemon refuses to start, naming that check, and answers `None`:
+    /// sessions on openshell fail closed there (grants.md §8.6).
+    pub fn session_daemon(&self, extra: &[(&str, &str)]) -> Option<Daemon> {
+        if sandboxes_have_yama() {
+            return Some(self.daemon(extra));
+        }
+        let refused = self.refused(extra);
+        assert!(
+            refused.contains("Yama ptrace_scope"),
+            "sessions on a kernel without Yama: {refused}"
+        );
+        None
+    }
+
     pub fn refused(&self, extra: &[(&str, &str)]) -> String {
         let env = self.env(extra);
         let refs: Vec<(&str, &str)> = env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
@@ -115,6 +131,16 @@ impl Gateway {
             std::thread::sleep(Duration::from_millis(200));
         }
     }
+}
+
+/// Whether the simulator's sandboxes see Yama's `ptrace_scope` at 1 or more: gVisor's own
+/// kernel does; under runc they see the host's.
+pub fn sandboxes_have_yama() -> bool {
+    runtime() == "runsc"
+        || std::fs::read_to_string("/proc/sys/kernel/yama/ptrace_scope")
+            .ok()
+            .and_then(|s| s.trim().parse::<u32>().ok())
+            .is_some_and(|scope| scope >= 1)
 }
 
 fn path(p: &std::path::Path) -> &str {

@@ -103,7 +103,9 @@ fn a_session_sandbox_that_reads_back_differently_ends_before_code_runs() {
         return;
     }
     let gw = Gateway::start();
-    let d = gw.daemon(&[("SANDBOX_MAX_SESSIONS", "2")]);
+    let Some(d) = gw.session_daemon(&[("SANDBOX_MAX_SESSIONS", "2")]) else {
+        return;
+    };
     let cases = [
         Faults {
             readback: vec![ReadbackFault::Policy],
@@ -159,7 +161,9 @@ fn a_session_sandbox_that_dies_during_a_call_ends_the_session() {
         return;
     }
     let gw = Gateway::start();
-    let d = gw.daemon(&[("SANDBOX_MAX_SESSIONS", "2")]);
+    let Some(d) = gw.session_daemon(&[("SANDBOX_MAX_SESSIONS", "2")]) else {
+        return;
+    };
     let id = open(&d);
     let first = session_js(&d, &id, "console.log('first')");
     assert_eq!(first.status, 200, "{first}");

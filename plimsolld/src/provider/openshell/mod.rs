@@ -123,6 +123,8 @@ struct Inner {
     resources: Resources,
     /// The record's `environment` for every run.
     environment: String,
+    /// Whether sessions are on: the proof then also requires Yama (grants.md §8.6).
+    sessions: bool,
 }
 
 impl OpenShell {
@@ -161,6 +163,7 @@ impl OpenShell {
                 proven: RwLock::new(None),
                 resources,
                 environment: image_identity(&settings.image),
+                sessions: config.sessions.enabled(),
             }),
         })
     }

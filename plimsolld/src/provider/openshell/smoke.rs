@@ -49,6 +49,8 @@ struct Report {
     mem_total_kb: String,
     cpu_max: String,
     arch: String,
+    /// Yama's `ptrace_scope` as the sandbox's kernel shows it; empty without Yama.
+    ptrace_scope: String,
     connect: std::collections::BTreeMap<String, String>,
 }
 
@@ -188,7 +190,31 @@ fn judge(inner: &Inner, report: &Report) -> Result<(), OpenShellError> {
     if resources.disk_mb > 0 {
         tmp_is_the_disk(&report.mounts, resources.disk_mb)?;
     }
+    if inner.sessions {
+        ptrace_is_scoped(&report.ptrace_scope)?;
+    }
     Ok(())
+}
+
+/// With sessions on, a session's code outlives its call only as the kept processes the
+/// sweep checks, and the gateway's exec cannot run a checker under another uid: only
+/// Yama's `ptrace_scope` of at least 1 stops that code from tracing the kept `sleep` and
+/// surviving the sweep inside it. No Yama (an empty reading) fails as 0 does.
+fn ptrace_is_scoped(reading: &str) -> Result<(), OpenShellError> {
+    match reading.parse::<u32>() {
+        Ok(scope) if scope >= 1 => Ok(()),
+        _ => Err(failed(
+            "Yama ptrace_scope >= 1 (sessions on)",
+            format!(
+                "the sandbox's kernel shows ptrace_scope {:?}; sessions on openshell need Yama's ptrace restriction",
+                if reading.is_empty() {
+                    "absent"
+                } else {
+                    reading
+                }
+            ),
+        )),
+    }
 }
 
 /// `/tmp` is a tmpfs of exactly `disk_mb` with noexec, nosuid and nodev.
@@ -367,4 +393,19 @@ async fn round_trip(lease: &Lease, checks: &[&str]) -> Result<(), OpenShellError
         ));
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sessions_need_a_yama_ptrace_scope_of_at_least_one() {
+        assert!(ptrace_is_scoped("1").is_ok());
+        assert!(ptrace_is_scoped("3").is_ok());
+        for refused in ["0", "", "x"] {
+            let e = ptrace_is_scoped(refused).expect_err(refused);
+            assert!(e.to_string().contains("ptrace_scope"), "{e}");
+        }
+    }
 }
