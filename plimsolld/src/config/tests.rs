@@ -308,10 +308,10 @@ fn provider_is_trimmed_and_lower_cased() {
 
 #[test]
 fn unknown_provider_is_fatal_and_lists_the_known_names() {
-    let text = problem(&[("SANDBOX_PROVIDER", "e2b")]);
-    assert!(text.contains("\"e2b\""), "{text}");
+    let text = problem(&[("SANDBOX_PROVIDER", "dockercloud")]);
+    assert!(text.contains("\"dockercloud\""), "{text}");
     assert!(
-        text.ends_with("known: disabled, wasm, docker, openshell"),
+        text.ends_with("known: disabled, wasm, docker, openshell, e2b"),
         "{text}"
     );
 }
@@ -331,6 +331,10 @@ fn known_providers_are_chosen_by_their_names() {
                 ("SANDBOX_OPENSHELL_KEY_FILE", "/c/tls.key"),
                 ("SANDBOX_OPENSHELL_IMAGE", "plimsoll/sandbox:latest"),
             ]);
+        }
+        if provider.name == "e2b" {
+            // Its key has no default.
+            pairs.push(("E2B_API_KEY", "e2b_test"));
         }
         assert_eq!(ok(&pairs).provider.name(), provider.name);
     }
@@ -468,7 +472,7 @@ fn every_bad_variable_is_reported_together() {
         ("PLIMSOLL_METRICS_ADDR", "9464"),
         ("PLIMSOLL_HARDENED", "maybe"),
         ("PLIMSOLL_TLS_CERT", "c.pem"),
-        ("SANDBOX_PROVIDER", "e2b"),
+        ("SANDBOX_PROVIDER", "dockercloud"),
         ("SANDBOX_MIN_ISOLATION", "none"),
         ("SANDBOX_MEMORY_MB", "1e3"),
         ("SANDBOX_CPUS", "NaN"),
