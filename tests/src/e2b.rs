@@ -117,7 +117,7 @@ impl E2bSim {
     }
 
     /// Waits (at most `bound`) until `done` holds for the VM ids.
-    pub fn wait_for(&self, bound: Duration, what: &str, done: impl Fn(&[String]) -> bool) {
+    pub fn wait_for(&self, bound: Duration, what: &str, mut done: impl FnMut(&[String]) -> bool) {
         let deadline = Instant::now() + bound;
         loop {
             let ids = self.ids();

@@ -111,12 +111,14 @@ pub const ENV_SESSION_IDLE: &str = "SANDBOX_SESSION_IDLE";
 /// A session's disk budget in MiB, measured after each call; 0 = no bound; default 1024.
 pub const ENV_SESSION_DISK_MB: &str = "SANDBOX_SESSION_DISK_MB";
 
-/// The broker's variables, named once in `broker::env` and listed in [`VARIABLES`] too:
-/// plimsolld picks its grant path from them and its supervised child reads them.
+/// The broker's and the guard's variables, named once in `broker::env` and `guard::env` and
+/// listed in [`VARIABLES`] too: plimsolld picks its grant path from them and its supervised
+/// children read them.
 pub const BROKER_VARIABLES: &[&str] = &[
     broker::env::BROKER_SOCKET,
     broker::env::GRANTS_FILE,
     broker::env::BROKER_CA_FILE,
+    guard::env::GUARD_ADDR,
 ];
 
 // === Defaults and limits ===
@@ -458,6 +460,12 @@ pub const VARIABLES: &[Variable] = &[
         "unset (required)",
         "sandbox image with node, sh, /runner.mjs, its guard and plimsoll-relay",
         HelpGroup::OpenShell,
+    ),
+    var(
+        guard::env::GUARD_ADDR,
+        "unset",
+        "the supervised guard's listener host:port; required exactly when a guard URL is set",
+        HelpGroup::Listeners,
     ),
     var(
         ENV_E2B_API_KEY,

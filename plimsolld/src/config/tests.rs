@@ -528,3 +528,34 @@ fn non_loopback_metrics_listener_is_warned_about() {
             .any(|w| w.contains("not loopback"))
     );
 }
+
+#[test]
+fn the_guard_address_is_required_exactly_with_a_guard_url() {
+    let e2b = [
+        ("SANDBOX_PROVIDER", "e2b"),
+        ("E2B_API_KEY", "e2b_test"),
+        ("PLIMSOLL_INSECURE", "1"),
+    ];
+    let with = |extra: &[(&'static str, &'static str)]| {
+        let mut pairs = e2b.to_vec();
+        pairs.extend_from_slice(extra);
+        pairs
+    };
+    // Set without a guard URL: refused, whichever provider.
+    let text = problem(&with(&[("PLIMSOLL_GUARD_ADDR", "127.0.0.1:0")]));
+    assert!(text.starts_with("PLIMSOLL_GUARD_ADDR"), "{text}");
+    // A guard URL with a supervised broker needs it, and it must be host:port.
+    let url = ("E2B_GUARD_URL", "https://guard.example.com");
+    let grants = ("PLIMSOLL_GRANTS_FILE", "/g/grants.json");
+    let text = problem(&with(&[url, grants]));
+    assert!(text.starts_with("PLIMSOLL_GUARD_ADDR"), "{text}");
+    let text = problem(&with(&[url, grants, ("PLIMSOLL_GUARD_ADDR", "8443")]));
+    assert!(text.contains("PLIMSOLL_GUARD_ADDR"), "{text}");
+    let config = ok(&with(&[
+        url,
+        grants,
+        ("PLIMSOLL_GUARD_ADDR", "127.0.0.1:8443"),
+    ]));
+    assert_eq!(config.guard_addr.as_deref(), Some("127.0.0.1:8443"));
+    assert_eq!(ok(&e2b).guard_addr, None);
+}

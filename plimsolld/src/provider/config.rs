@@ -86,6 +86,12 @@ pub trait ProviderSettings: fmt::Debug + Send + Sync + 'static {
         None
     }
 
+    /// The guard URL granted sandboxes reach (`E2B_GUARD_URL`), when the provider has one:
+    /// `PLIMSOLL_GUARD_ADDR` is then required, and refused otherwise.
+    fn guard_url(&self) -> Option<String> {
+        None
+    }
+
     /// Hardened mode's rule 4 (immutable surface, config.md §10): one sentence per
     /// violation. None by default.
     fn surface_violations(&self) -> Vec<String> {

@@ -310,6 +310,10 @@ impl ProviderSettings for E2bConfig {
         true
     }
 
+    fn guard_url(&self) -> Option<String> {
+        self.guard_url.as_ref().map(BaseUrl::origin)
+    }
+
     /// `E2B_TEMPLATE` set explicitly.
     fn surface_violations(&self) -> Vec<String> {
         if self.template_set {

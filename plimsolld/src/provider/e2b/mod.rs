@@ -37,10 +37,12 @@ use super::{
     SnippetOutcome, SnippetRun, TierEvidence,
 };
 use crate::config::Config;
+use crate::grant::host_client::{self, TokenPlacement};
+use crate::grant::{Delivery, GuestGrant};
 use crate::provider::docker::project::{DEFAULT_TIMEOUT, MAX_TIMEOUT};
 use crate::provider::docker::settings::{SNIPPET_DEFAULT_TIMEOUT, SNIPPET_MAX_TIMEOUT};
 use config::{E2bConfig, EnvdRoute};
-use sandbox::{Fleet, Leases, SandboxError};
+use sandbox::{Fleet, GuardRule, Leases, SandboxError};
 
 /// The provider id `Describe` and records name.
 pub const ID: &str = "e2b";
@@ -83,8 +85,17 @@ impl From<E2bError> for ProviderError {
     }
 }
 
+/// Where granted VMs reach the guard.
+struct Guard {
+    /// The guard URL's host name (the VM's one allowed destination).
+    host: String,
+    /// The guard path's URL the client library posts to.
+    url: String,
+}
+
 /// The e2b provider.
 pub struct E2b {
+    guard: Option<Guard>,
     fleet: Arc<Fleet>,
     proven: RwLock<Option<smoke::Proven>>,
     ready: AtomicBool,
@@ -108,7 +119,12 @@ impl E2b {
             &settings.api_key,
         )
         .map_err(|e| E2bError::Client(e.to_string()))?;
+        let guard = settings.guard_url.as_ref().map(|g| Guard {
+            host: g.server_name().to_owned(),
+            url: format!("https://{}{}", g.server_name(), ::guard::E2B_PATH),
+        });
         Ok(E2b {
+            guard,
             fleet: Arc::new(Fleet {
                 api,
                 envd_route: settings.envd.clone(),
@@ -164,10 +180,41 @@ impl E2b {
         }
     }
 
-    async fn snippet(&self, run: SnippetRun) -> Result<SnippetOutcome, E2bError> {
+    /// A granted run's guard rule and client library (no token in it), or a refusal when
+    /// the grant did not come as a guard token or no guard is configured.
+    fn granted<'a>(
+        &'a self,
+        grant: Option<&'a GuestGrant>,
+    ) -> Result<Option<(GuardRule<'a>, String)>, ProviderError> {
+        let Some(grant) = grant else { return Ok(None) };
+        let (Some(guard), Some(token)) = (&self.guard, grant.access.guard_token()) else {
+            return Err(ProviderError::Refused(Refusal::Unsupported(
+                "the e2b provider reaches grants only through the guard (E2B_GUARD_URL); nothing ran"
+                    .to_owned(),
+            )));
+        };
+        let library = host_client::node_guard(grant, &guard.url, TokenPlacement::Proxy);
+        Ok(Some((
+            GuardRule {
+                host: &guard.host,
+                token: token.expose(),
+            },
+            library,
+        )))
+    }
+
+    async fn snippet(&self, run: SnippetRun) -> Result<SnippetOutcome, ProviderError> {
         let timeout = run.timeout.min(SNIPPET_MAX_TIMEOUT);
-        let vm = self.fleet.lease(timeout + RUN_SLACK, run.hold).await?;
-        let ran = runs::snippet(&vm, &run.code, timeout).await?;
+        let granted = self.granted(run.grant.as_deref())?;
+        let (rule, library) = granted.map_or((None, None), |(r, l)| (Some(r), Some(l)));
+        let vm = self
+            .fleet
+            .lease(timeout + RUN_SLACK, run.hold, rule)
+            .await
+            .map_err(|e| ProviderError::from(E2bError::from(e)))?;
+        let ran = runs::snippet(&vm, &run.code, timeout, library.as_deref())
+            .await
+            .map_err(|e| ProviderError::from(E2bError::from(e)))?;
         let (stdout, stdout_truncated) = ran.finished.stdout.into_parts();
         let (stderr, stderr_truncated) = ran.finished.stderr.into_parts();
         Ok(SnippetOutcome {
@@ -184,11 +231,20 @@ impl E2b {
         })
     }
 
-    async fn project(&self, mut plan: ProjectPlan) -> Result<ProjectReport, E2bError> {
+    async fn project(&self, mut plan: ProjectPlan) -> Result<ProjectReport, ProviderError> {
         let budget = plan.timeout.min(MAX_TIMEOUT);
         let hold = std::mem::take(&mut plan.hold);
-        let vm = self.fleet.lease(budget + RUN_SLACK, hold).await?;
-        let result = runs::project(&vm, &plan, budget).await?;
+        let grant = plan.grant.clone();
+        let granted = self.granted(grant.as_deref())?;
+        let (rule, library) = granted.map_or((None, None), |(r, l)| (Some(r), Some(l)));
+        let vm = self
+            .fleet
+            .lease(budget + RUN_SLACK, hold, rule)
+            .await
+            .map_err(|e| ProviderError::from(E2bError::from(e)))?;
+        let result = runs::project(&vm, &plan, budget, library.as_deref())
+            .await
+            .map_err(|e| ProviderError::from(E2bError::from(e)))?;
         Ok(ProjectReport {
             result,
             environment: self.environment.clone(),
@@ -258,6 +314,9 @@ impl Provider for E2b {
         Description {
             sandbox: ID,
             supports_project: true,
+            // Both reach the broker through the guard, the token added by E2B's egress proxy.
+            supports_javascript_grants: self.guard.is_some(),
+            supports_project_grants: self.guard.is_some(),
             javascript: environment(
                 SNIPPET_DEFAULT_TIMEOUT,
                 SNIPPET_MAX_TIMEOUT,
@@ -269,14 +328,18 @@ impl Provider for E2b {
         }
     }
 
+    fn grant_delivery(&self) -> Delivery {
+        Delivery::Guard
+    }
+
     async fn run_snippet(&self, run: SnippetRun) -> Result<SnippetOutcome, ProviderError> {
         self.refuse_unproven()?;
-        Ok(self.snippet(run).await?)
+        self.snippet(run).await
     }
 
     async fn run_project(&self, plan: ProjectPlan) -> Result<ProjectReport, ProviderError> {
         self.refuse_unproven()?;
-        Ok(self.project(plan).await?)
+        self.project(plan).await
     }
 
     async fn sweep_orphans(&self) {

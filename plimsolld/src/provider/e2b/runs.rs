@@ -20,6 +20,11 @@ use crate::provider::docker::settings::OUTPUT_CAP;
 pub const SNIPPET_FILE: &str = "/tmp/plimsoll-snippet.cjs";
 /// A project's directory.
 pub const PROJECT_DIR: &str = "/home/user/project";
+/// A granted project's client library, loaded by every node a step starts.
+pub const HOST_LIBRARY: &str = "/tmp/plimsoll-e2b-host.mjs";
+/// The VM's CA bundle, which holds E2B's egress proxy's CA: node trusts only what
+/// `NODE_EXTRA_CA_CERTS` names.
+const CA_BUNDLE: &str = "/etc/ssl/certs/ca-certificates.crt";
 /// The whole of a project's artifacts (grants.md §6.4).
 const ARTIFACTS_CAP: usize = 8 << 20;
 
@@ -52,18 +57,33 @@ fn exit_of(ending: Ending, vm: &Vm) -> Result<i32, RunError> {
     }
 }
 
-/// Runs a snippet in `vm`.
-pub async fn snippet(vm: &Vm, code: &str, timeout: Duration) -> Result<SnippetRan, RunError> {
+/// Runs a snippet in `vm`; a granted one gets `library` (the guard client, no token)
+/// prepended.
+pub async fn snippet(
+    vm: &Vm,
+    code: &str,
+    timeout: Duration,
+    library: Option<&str>,
+) -> Result<SnippetRan, RunError> {
+    let code = match library {
+        Some(library) => format!("{library}{code}"),
+        None => code.to_owned(),
+    };
     vm.envd
-        .upload(&[(SNIPPET_FILE.to_owned(), code.as_bytes().to_vec())])
+        .upload(&[(SNIPPET_FILE.to_owned(), code.into_bytes())])
         .await?;
+    let envs: &[(&str, &str)] = if library.is_some() {
+        &[("NODE_EXTRA_CA_CERTS", CA_BUNDLE)]
+    } else {
+        &[]
+    };
     let finished = vm
         .envd
         .run(&Command {
             cmd: "node",
             args: &[SNIPPET_FILE],
             cwd: None,
-            envs: &[],
+            envs,
             timeout,
             stdout_cap: OUTPUT_CAP,
             stderr_cap: OUTPUT_CAP,
@@ -82,11 +102,13 @@ pub fn step_script(i: usize) -> String {
 }
 
 /// Runs a project in `vm` within `budget`. Once the files are staged every ending is a
-/// result; only a VM lost before any step ran is an error.
+/// result; only a VM lost before any step ran is an error. A granted project's steps load
+/// `library` (the guard client, no token) into every node they start.
 pub async fn project(
     vm: &Vm,
     plan: &ProjectPlan,
     budget: Duration,
+    library: Option<&str>,
 ) -> Result<ProjectResult, RunError> {
     let started = Instant::now();
     let mut files: Vec<(String, Vec<u8>)> = plan
@@ -106,6 +128,17 @@ pub async fn project(
     for (i, step) in plan.steps.iter().enumerate() {
         files.push((step_script(i), step.as_bytes().to_vec()));
     }
+    let node_options = format!("--import {HOST_LIBRARY}");
+    let envs: Vec<(&str, &str)> = match library {
+        Some(library) => {
+            files.push((HOST_LIBRARY.to_owned(), library.as_bytes().to_vec()));
+            vec![
+                ("NODE_OPTIONS", node_options.as_str()),
+                ("NODE_EXTRA_CA_CERTS", CA_BUNDLE),
+            ]
+        }
+        None => Vec::new(),
+    };
     if let Err(e) = vm.envd.upload(&files).await {
         return Ok(outcome(
             ProjectOutcome::PROJECT_OUTCOME_SETUP_FAILED,
@@ -127,7 +160,7 @@ pub async fn project(
                 cmd: "sh",
                 args: &[&script],
                 cwd: Some(PROJECT_DIR),
-                envs: &[],
+                envs: &envs,
                 timeout: left,
                 stdout_cap: OUTPUT_CAP,
                 stderr_cap: OUTPUT_CAP,

@@ -91,6 +91,29 @@ impl Leases {
     }
 }
 
+/// A granted VM's one way out: `allowOut` of the guard's host, and the rule by which E2B's
+/// egress proxy adds the run's guard token (the guest never holds it).
+pub struct GuardRule<'a> {
+    /// The guard URL's host name.
+    pub host: &'a str,
+    /// The run's guard token.
+    pub token: &'a str,
+}
+
+impl GuardRule<'_> {
+    fn network(&self) -> Network {
+        let mut headers = serde_json::Map::new();
+        headers.insert("X-Plimsoll-Guard".to_owned(), self.token.into());
+        Network {
+            allow_out: Some(vec![self.host.to_owned()]),
+            rules: Some(serde_json::json!({
+                self.host: [{"transform": {"headers": headers}}]
+            })),
+            ..Network::deny_all()
+        }
+    }
+}
+
 /// Everything a VM is made from.
 pub struct Fleet {
     pub api: Api,
@@ -167,11 +190,16 @@ impl Fleet {
     }
 
     /// Makes a VM for a run of `budget`, holding `hold` until it is killed.
-    pub async fn lease(self: &Arc<Self>, budget: Duration, hold: Hold) -> Result<Vm, SandboxError> {
+    pub async fn lease(
+        self: &Arc<Self>,
+        budget: Duration,
+        hold: Hold,
+        guard: Option<GuardRule<'_>>,
+    ) -> Result<Vm, SandboxError> {
         let lease = hex::encode(rand::random::<[u8; 16]>());
         // Tracked before the request leaves: the orphan sweep never kills a VM being made.
         self.leases.track(&lease);
-        let made = self.create(&lease, budget).await;
+        let made = self.create(&lease, budget, guard).await;
         match made {
             Ok((id, envd)) => Ok(Vm {
                 fleet: self.clone(),
@@ -187,14 +215,22 @@ impl Fleet {
         }
     }
 
-    async fn create(&self, lease: &str, budget: Duration) -> Result<(String, Envd), SandboxError> {
+    async fn create(
+        &self,
+        lease: &str,
+        budget: Duration,
+        guard: Option<GuardRule<'_>>,
+    ) -> Result<(String, Envd), SandboxError> {
+        let network = guard
+            .as_ref()
+            .map_or_else(Network::deny_all, GuardRule::network);
         let metadata = self.stamps(lease);
         let new = NewSandbox {
             template_id: &self.template,
             timeout: budget.as_secs_f64().ceil() as u64 + BACKSTOP_SLACK.as_secs(),
             auto_pause: false,
             metadata: &metadata,
-            network: Network::deny_all(),
+            network,
         };
         let created: Created = match self.api.create(&new).await {
             Ok(Ok(created)) => created,
@@ -228,7 +264,7 @@ impl Fleet {
                 }));
             }
         };
-        if let Some(mismatch) = self.mismatch(&detail) {
+        if let Some(mismatch) = self.mismatch(&detail, guard.as_ref().map(|g| g.host)) {
             self.kill_now(&id).await;
             return Err(SandboxError::Readback { id, mismatch });
         }
@@ -242,8 +278,9 @@ impl Fleet {
         }
     }
 
-    /// What in a read-back is outside the envelope or not deny-all, if anything.
-    fn mismatch(&self, detail: &Detail) -> Option<String> {
+    /// What in a read-back is outside the envelope or not deny-all (but for the guard's host
+    /// on a granted VM), if anything. The read-back holds the guard token: never logged.
+    fn mismatch(&self, detail: &Detail, guard_host: Option<&str>) -> Option<String> {
         let r = self.resources;
         if r.memory_mb > 0 && detail.memory_mb > u64::from(r.memory_mb) {
             return Some(format!(
@@ -268,8 +305,12 @@ impl Fleet {
             .deny_out
             .as_ref()
             .is_some_and(|d| d.iter().any(|c| c == "0.0.0.0/0"));
-        let allows = network.allow_out.as_ref().is_some_and(|a| !a.is_empty());
-        if !denies_all || allows || network.allow_public_traffic == Some(true) {
+        let allowed: &[String] = network.allow_out.as_deref().unwrap_or_default();
+        let allows_only_guard = match guard_host {
+            None => allowed.is_empty(),
+            Some(host) => allowed.len() == 1 && allowed[0] == host,
+        };
+        if !denies_all || !allows_only_guard || network.allow_public_traffic == Some(true) {
             return Some("the network is not deny-all".to_owned());
         }
         None

@@ -70,7 +70,7 @@ pub async fn prove(fleet: &std::sync::Arc<Fleet>) -> Result<Proven, SmokeError> 
 }
 
 async fn run(fleet: &std::sync::Arc<Fleet>) -> Result<Proven, SmokeError> {
-    let vm = fleet.lease(LIMIT, Hold::default()).await?;
+    let vm = fleet.lease(LIMIT, Hold::default(), None).await?;
     vm.envd
         .upload(&[
             (PROBE_FILE.to_owned(), PROBE.as_bytes().to_vec()),
