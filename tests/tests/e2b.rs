@@ -321,3 +321,56 @@ fn sigterm_lets_the_run_in_flight_finish_and_leaves_no_vm() {
     let left = e2b.ids();
     assert!(left.is_empty(), "the daemon exited with VMs left: {left:?}");
 }
+
+/// The day's paid VM seconds: a run reserves its timeout plus the 33 s teardown bound before
+/// any VM is made and is charged what its VM really held once it is killed; a run that no
+/// longer fits is refused `capacity` and nothing is created.
+#[test]
+fn the_days_paid_seconds_refuse_runs_once_spent() {
+    require_e2b!();
+    let e2b = E2bSim::start();
+    let d = e2b.daemon(&[("SANDBOX_PAID_SECONDS_PER_DAY", "60")]);
+    let refused_without_vm = |timeout_ms: u32| {
+        let err = refused_run(&d, &snippet("console.log('must not run')", timeout_ms));
+        assert_eq!(err.code, "resource_exhausted", "{err:?}");
+        assert!(
+            err.message.contains("SANDBOX_PAID_SECONDS_PER_DAY"),
+            "{err:?}"
+        );
+        assert!(
+            e2b.ids().is_empty(),
+            "a refused run made a VM: {:?}",
+            e2b.ids()
+        );
+    };
+    // 30 s + 33 s never fits in 60 s.
+    refused_without_vm(30_000);
+    // This run reserves 43 s and holds its VM at least 8 s ...
+    let v = answered(
+        &d,
+        &snippet("setTimeout(() => console.log('spent'), 8000)", 10_000),
+    );
+    assert_eq!(field(&v["javascript"], "stdout"), "spent\n", "{v}");
+    e2b.wait_empty(Duration::from_secs(60));
+    // ... and is charged what it held, not its reservation: a 5 s run (38 s) fits again once
+    // the kill finished (the simulator may list the VM as gone a moment before its DELETE
+    // is answered, so the refusal is retried within a bound).
+    let body = snippet("console.log('fits')", 5_000);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let v = loop {
+        let resp = send(d.addr, &connect::call("Run", &body));
+        if resp.status == 200 {
+            break resp.json();
+        }
+        assert!(
+            Instant::now() < deadline,
+            "still refused after the kill: {resp}"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    assert_eq!(v["isolation"], "vm", "{v}");
+    assert_eq!(field(&v["javascript"], "stdout"), "fits\n", "{v}");
+    e2b.wait_empty(Duration::from_secs(60));
+    // ... but a 20 s run (53 s) on top of the 8 s or more spent does not.
+    refused_without_vm(20_000);
+}

@@ -305,6 +305,11 @@ impl ProviderSettings for E2bConfig {
         false
     }
 
+    fn metered(&self) -> bool {
+        // E2B bills every second a VM lives.
+        true
+    }
+
     fn enforces_disk(&self) -> bool {
         // Checked by the read-back of every VM, never requested (E2B sizes per template).
         true

@@ -20,6 +20,7 @@ pub mod config;
 mod envd;
 mod http;
 mod orphans;
+mod paid;
 mod runs;
 mod sandbox;
 mod smoke;
@@ -33,7 +34,7 @@ use plimsoll::refusal::Refusal;
 use plimsoll::tier::IsolationTier;
 
 use super::{
-    Description, Environment, ProjectPlan, ProjectReport, Provider, ProviderError, Resources,
+    Description, Environment, Hold, ProjectPlan, ProjectReport, Provider, ProviderError, Resources,
     SnippetOutcome, SnippetRun, TierEvidence,
 };
 use crate::config::Config;
@@ -96,6 +97,7 @@ struct Guard {
 /// The e2b provider.
 pub struct E2b {
     guard: Option<Guard>,
+    paid: Arc<paid::PaidDay>,
     fleet: Arc<Fleet>,
     proven: RwLock<Option<smoke::Proven>>,
     ready: AtomicBool,
@@ -125,6 +127,7 @@ impl E2b {
         });
         Ok(E2b {
             guard,
+            paid: Arc::new(paid::PaidDay::new(config.limits.paid_seconds_per_day)),
             fleet: Arc::new(Fleet {
                 api,
                 envd_route: settings.envd.clone(),
@@ -207,9 +210,12 @@ impl E2b {
         let timeout = run.timeout.min(SNIPPET_MAX_TIMEOUT);
         let granted = self.granted(run.grant.as_deref())?;
         let (rule, library) = granted.map_or((None, None), |(r, l)| (Some(r), Some(l)));
+        // Reserved before the create; charged once the VM is killed (with the slot).
+        let charge = self.paid.reserve(timeout)?;
+        let hold = Hold::new((run.hold, charge));
         let vm = self
             .fleet
-            .lease(timeout + RUN_SLACK, run.hold, rule)
+            .lease(timeout + RUN_SLACK, hold, rule)
             .await
             .map_err(|e| ProviderError::from(E2bError::from(e)))?;
         let ran = runs::snippet(&vm, &run.code, timeout, library.as_deref())
@@ -237,6 +243,8 @@ impl E2b {
         let grant = plan.grant.clone();
         let granted = self.granted(grant.as_deref())?;
         let (rule, library) = granted.map_or((None, None), |(r, l)| (Some(r), Some(l)));
+        let charge = self.paid.reserve(budget)?;
+        let hold = Hold::new((hold, charge));
         let vm = self
             .fleet
             .lease(budget + RUN_SLACK, hold, rule)
