@@ -266,8 +266,9 @@ fn a_vm_created_without_an_access_token_is_refused_and_killed() {
     assert_eq!(field(&v["javascript"], "stdout"), "ok\n", "{v}");
 }
 
-/// The orphan sweep: a VM stamped with this daemon's instance and a lease no run tracks is
-/// killed; another instance's young VM is left.
+/// The orphan sweep: a VM stamped with this daemon's instance and a lease no run tracks (one
+/// made by hand, one a lost create left) is killed; another instance's young VM, and one
+/// without a lease stamp, are left.
 #[test]
 fn orphans_of_this_instance_are_killed_and_others_are_left() {
     require_e2b!();
@@ -280,9 +281,27 @@ fn orphans_of_this_instance_are_killed_and_others_are_left() {
         &json!({"sdk": "plimsoll", "instance": "another0instance", "lease": "0123abcd"}),
     );
     let unstamped = e2b.create_stamped(&json!({"sdk": "plimsoll", "instance": instance}));
+    // A create answered 201 without a sandbox id is a lost create: the run fails, nothing is
+    // trusted, and the VM it made (found by its stamps) is the sweep's.
+    let before = e2b.ids();
+    e2b.sim
+        .set_faults(&json!({"createWithoutSandboxId": true}))
+        .expect("faults");
+    let resp = send(
+        d.addr,
+        &connect::call("Run", &snippet("console.log(1)", 5_000)),
+    );
+    assert_ne!(resp.status, 200, "a run on a VM without an id: {resp}");
+    e2b.sim.set_faults(&json!({})).expect("faults");
+    let lost: Vec<String> = e2b
+        .ids()
+        .into_iter()
+        .filter(|id| !before.contains(id))
+        .collect();
+    assert_eq!(lost.len(), 1, "the lost create's VM exists: {lost:?}");
     // The sweep runs every minute.
-    e2b.wait_for(Duration::from_secs(150), "the orphan killed", |ids| {
-        !ids.contains(&ours)
+    e2b.wait_for(Duration::from_secs(150), "the orphans killed", |ids| {
+        !ids.contains(&ours) && !ids.contains(&lost[0])
     });
     let ids = e2b.ids();
     assert!(
