@@ -206,18 +206,33 @@ impl E2b {
         )))
     }
 
+    /// A VM for a run of `timeout`: the paid seconds reserved before the create and charged
+    /// once the VM is killed (they travel with the admission slot); a lost create is charged
+    /// its whole reservation, as E2B may bill a VM nobody can name.
+    async fn vm(
+        &self,
+        timeout: Duration,
+        hold: Hold,
+        rule: Option<GuardRule<'_>>,
+    ) -> Result<sandbox::Vm, ProviderError> {
+        let charge = self.paid.reserve(timeout)?.map(Arc::new);
+        let hold = Hold::new((hold, charge.clone()));
+        match self.fleet.lease(timeout + RUN_SLACK, hold, rule).await {
+            Ok(vm) => Ok(vm),
+            Err(e) => {
+                if let (SandboxError::Lost(_), Some(charge)) = (&e, &charge) {
+                    charge.forfeit();
+                }
+                Err(ProviderError::from(E2bError::from(e)))
+            }
+        }
+    }
+
     async fn snippet(&self, run: SnippetRun) -> Result<SnippetOutcome, ProviderError> {
         let timeout = run.timeout.min(SNIPPET_MAX_TIMEOUT);
         let granted = self.granted(run.grant.as_deref())?;
         let (rule, library) = granted.map_or((None, None), |(r, l)| (Some(r), Some(l)));
-        // Reserved before the create; charged once the VM is killed (with the slot).
-        let charge = self.paid.reserve(timeout)?;
-        let hold = Hold::new((run.hold, charge));
-        let vm = self
-            .fleet
-            .lease(timeout + RUN_SLACK, hold, rule)
-            .await
-            .map_err(|e| ProviderError::from(E2bError::from(e)))?;
+        let vm = self.vm(timeout, run.hold, rule).await?;
         let ran = runs::snippet(&vm, &run.code, timeout, library.as_deref())
             .await
             .map_err(|e| ProviderError::from(E2bError::from(e)))?;
@@ -243,13 +258,7 @@ impl E2b {
         let grant = plan.grant.clone();
         let granted = self.granted(grant.as_deref())?;
         let (rule, library) = granted.map_or((None, None), |(r, l)| (Some(r), Some(l)));
-        let charge = self.paid.reserve(budget)?;
-        let hold = Hold::new((hold, charge));
-        let vm = self
-            .fleet
-            .lease(budget + RUN_SLACK, hold, rule)
-            .await
-            .map_err(|e| ProviderError::from(E2bError::from(e)))?;
+        let vm = self.vm(budget, hold, rule).await?;
         let result = runs::project(&vm, &plan, budget, library.as_deref())
             .await
             .map_err(|e| ProviderError::from(E2bError::from(e)))?;

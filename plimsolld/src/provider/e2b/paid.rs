@@ -4,6 +4,7 @@
 //! kill finished. A run that does not fit is refused `capacity` and nothing is created. UTC
 //! days, in memory only: a restart forgets (K daemons allow K times).
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
 
@@ -28,6 +29,8 @@ pub struct Charge {
     day_number: u64,
     reserved: Duration,
     since: Instant,
+    /// Charge the whole reservation (a lost create: E2B may bill a VM nobody can name).
+    forfeited: AtomicBool,
 }
 
 fn today() -> u64 {
@@ -76,6 +79,7 @@ impl PaidDay {
             day_number: day,
             reserved,
             since: Instant::now(),
+            forfeited: AtomicBool::new(false),
         }))
     }
 
@@ -86,11 +90,22 @@ impl PaidDay {
     }
 }
 
+impl Charge {
+    /// Keeps the whole reservation charged when this is dropped.
+    pub fn forfeit(&self) {
+        self.forfeited.store(true, Ordering::Relaxed);
+    }
+}
+
 impl Drop for Charge {
     fn drop(&mut self) {
         // The reservation is replaced by the time really held (never more: E2B's own timeout
         // and the kill bound end the VM within it).
-        let spent = self.since.elapsed().min(self.reserved);
+        let spent = if self.forfeited.load(Ordering::Relaxed) {
+            self.reserved
+        } else {
+            self.since.elapsed().min(self.reserved)
+        };
         let mut used = self.day.lock();
         if used.0 == self.day_number {
             used.1 = used.1.saturating_sub(self.reserved) + spent;
@@ -112,7 +127,12 @@ mod tests {
         assert!(day.reserve(Duration::from_secs(30)).is_err());
         drop(first);
         assert!(day.used() < Duration::from_secs(1));
-        assert!(day.reserve(Duration::from_secs(30)).is_ok());
+        let lost = day.reserve(Duration::from_secs(30)).ok().flatten();
+        if let Some(lost) = &lost {
+            lost.forfeit();
+        }
+        drop(lost);
+        assert!(day.used() >= Duration::from_secs(63));
         let none = Arc::new(PaidDay::new(0));
         assert!(matches!(none.reserve(Duration::from_secs(3600)), Ok(None)));
     }
