@@ -108,10 +108,17 @@ pub async fn run(config: Config) -> Result<(), StartupError> {
         .build(&config)
         .map_err(StartupError::Provider)?;
     // 11: grants: the broker must answer, and profiles need a provider with a grant path.
-    // No provider here delivers grants through the guard yet, so plimsolld supervises no
-    // guard child (PLIMSOLL_GUARD_ADDR arrives with the first guard URL, e2b's).
+    // A provider with a guard URL (e2b) gets a supervised guard child beside a supervised
+    // broker, listening on PLIMSOLL_GUARD_ADDR.
     let guest_uid = config.provider.settings().guest_uid();
-    let grants = Arc::new(Grants::start(&config.grants, guest_uid, None).await?);
+    let guard = config
+        .guard_addr
+        .as_ref()
+        .map(|addr| crate::grant::GuardChild {
+            addr: addr.clone(),
+            max_concurrent: config.limits.max_concurrent,
+        });
+    let grants = Arc::new(Grants::start(&config.grants, guest_uid, guard.as_ref()).await?);
     reap_stale_broker_dirs();
     let description = provider.describe();
     if grants.profiles() > 0
@@ -245,7 +252,7 @@ pub async fn run(config: Config) -> Result<(), StartupError> {
         rate_burst = config.limits.rate_burst,
         tls = tls.is_some(),
         metrics_addr = %metrics_listener.as_ref().map_or_else(|| "off".to_owned(), bound),
-        guard_addr = "none",
+        guard_addr = %grants.guard_addr().unwrap_or_else(|| "none".to_owned()),
         max_connections,
         "plimsolld listening"
     );

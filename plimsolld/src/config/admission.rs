@@ -32,6 +32,8 @@ pub struct Limits {
     pub per_run_memory_mb: u32,
     /// Whether the memory budget lowered `SANDBOX_MAX_CONCURRENT`.
     pub clamped: bool,
+    /// `SANDBOX_PAID_SECONDS_PER_DAY`; 0 = none (metered providers only).
+    pub paid_seconds_per_day: u64,
 }
 
 impl Reader<'_> {
@@ -104,6 +106,7 @@ impl Reader<'_> {
             total_memory_mb: total,
             per_run_memory_mb: per_run,
             clamped,
+            paid_seconds_per_day: u64::from(paid),
         }
     }
 }

@@ -84,6 +84,20 @@ pub const ENV_OPENSHELL_CERT_FILE: &str = "SANDBOX_OPENSHELL_CERT_FILE";
 pub const ENV_OPENSHELL_KEY_FILE: &str = "SANDBOX_OPENSHELL_KEY_FILE";
 /// openshell: the sandbox image (node, sh, the runner, its guard and the relay; required).
 pub const ENV_OPENSHELL_IMAGE: &str = "SANDBOX_OPENSHELL_IMAGE";
+/// e2b: the API key sent as `X-API-Key` (required; never logged).
+pub const ENV_E2B_API_KEY: &str = "E2B_API_KEY";
+/// e2b: the template every VM is created from; default `base` (hardened mode requires it set).
+pub const ENV_E2B_TEMPLATE: &str = "E2B_TEMPLATE";
+/// e2b: the guard's public `https://` URL granted runs reach the broker through.
+pub const ENV_E2B_GUARD_URL: &str = "E2B_GUARD_URL";
+/// e2b: how a session's granted calls get the guard: `session`, `call` or unset.
+pub const ENV_E2B_SESSION_GRANTS: &str = "E2B_SESSION_GRANTS";
+/// e2b: the control plane's base URL (as E2B's SDK reads it); default `https://api.<domain>`.
+pub const ENV_E2B_API_URL: &str = "E2B_API_URL";
+/// e2b: the domain sandboxes are reached under (as E2B's SDK reads it); default `e2b.app`.
+pub const ENV_E2B_DOMAIN: &str = "E2B_DOMAIN";
+/// e2b: one base URL for every sandbox's envd, routed by headers (as E2B's SDK reads it).
+pub const ENV_E2B_SANDBOX_URL: &str = "E2B_SANDBOX_URL";
 /// Live sessions at once; 0 (the default) turns sessions off.
 pub const ENV_MAX_SESSIONS: &str = "SANDBOX_MAX_SESSIONS";
 /// Live sessions per caller; 0 = no per-caller cap.
@@ -99,12 +113,14 @@ pub const ENV_SESSION_DISK_MB: &str = "SANDBOX_SESSION_DISK_MB";
 /// Warm session sandboxes kept ready (docker only); 0 (the default) keeps none.
 pub const ENV_SESSION_POOL: &str = "SANDBOX_SESSION_POOL";
 
-/// The broker's variables, named once in `broker::env` and listed in [`VARIABLES`] too:
-/// plimsolld picks its grant path from them and its supervised child reads them.
+/// The broker's and the guard's variables, named once in `broker::env` and `guard::env` and
+/// listed in [`VARIABLES`] too: plimsolld picks its grant path from them and its supervised
+/// children read them.
 pub const BROKER_VARIABLES: &[&str] = &[
     broker::env::BROKER_SOCKET,
     broker::env::GRANTS_FILE,
     broker::env::BROKER_CA_FILE,
+    guard::env::GUARD_ADDR,
 ];
 
 // === Defaults and limits ===
@@ -141,6 +157,8 @@ pub enum HelpGroup {
     Docker,
     /// The openshell provider's settings.
     OpenShell,
+    /// The e2b provider's settings.
+    E2b,
     /// Per-run envelope and admission limits.
     Limits,
 }
@@ -451,6 +469,54 @@ pub const VARIABLES: &[Variable] = &[
         "sandbox image with node, sh, /runner.mjs, its guard and plimsoll-relay",
         HelpGroup::OpenShell,
     ),
+    var(
+        guard::env::GUARD_ADDR,
+        "unset",
+        "the supervised guard's listener host:port; required exactly when a guard URL is set",
+        HelpGroup::Listeners,
+    ),
+    var(
+        ENV_E2B_API_KEY,
+        "unset (required)",
+        "E2B's API key (sent only to the control plane)",
+        HelpGroup::E2b,
+    ),
+    var(
+        ENV_E2B_TEMPLATE,
+        "base",
+        "the template every VM is created from (hardened mode: required)",
+        HelpGroup::E2b,
+    ),
+    var(
+        ENV_E2B_GUARD_URL,
+        "unset (no grants)",
+        "the guard's public https:// URL that granted VMs reach",
+        HelpGroup::E2b,
+    ),
+    var(
+        ENV_E2B_SESSION_GRANTS,
+        "unset",
+        "session | call: how a session's granted calls reach the guard",
+        HelpGroup::E2b,
+    ),
+    var(
+        ENV_E2B_API_URL,
+        "https://api.<domain>",
+        "the control plane (plain http only on loopback)",
+        HelpGroup::E2b,
+    ),
+    var(
+        ENV_E2B_DOMAIN,
+        "e2b.app",
+        "sandboxes' envd at https://49983-<id>.<domain>",
+        HelpGroup::E2b,
+    ),
+    var(
+        ENV_E2B_SANDBOX_URL,
+        "unset",
+        "one envd base URL routed by headers (plain http only on loopback)",
+        HelpGroup::E2b,
+    ),
 ];
 
 const HELP_HEAD: &str = "\
@@ -484,6 +550,7 @@ pub fn help_text() -> String {
         ),
         (HelpGroup::Docker, "docker provider"),
         (HelpGroup::OpenShell, "openshell provider"),
+        (HelpGroup::E2b, "e2b provider"),
         (HelpGroup::Limits, "Limits"),
     ] {
         out.push('\n');
@@ -585,11 +652,13 @@ mod tests {
         names
     }
 
-    /// Every `PLIMSOLL_*`, `SANDBOX_*` or `DOCKER_*` word in `text`.
+    /// Every `PLIMSOLL_*`, `SANDBOX_*`, `DOCKER_*` or `E2B_*` word in `text`.
     fn mentioned_names(text: &str) -> Vec<String> {
         text.split(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
             .filter(|w| {
-                w.starts_with("PLIMSOLL_") || w.starts_with("SANDBOX_") || w.starts_with("DOCKER_")
+                ["PLIMSOLL_", "SANDBOX_", "DOCKER_", "E2B_"]
+                    .iter()
+                    .any(|p| w.starts_with(p))
             })
             .map(str::to_owned)
             .collect()

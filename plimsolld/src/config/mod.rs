@@ -123,6 +123,9 @@ pub struct Config {
     pub sessions: session::SessionConfig,
     /// The grant path: off, an operator-run broker, or a supervised child.
     pub grants: grants::GrantSource,
+    /// `PLIMSOLL_GUARD_ADDR`: where a supervised guard listens, when the provider has a
+    /// guard URL.
+    pub guard_addr: Option<String>,
     /// `PLIMSOLL_*` / `SANDBOX_*` names set but unknown to this build; the daemon warns.
     pub unknown_vars: Vec<String>,
 }
@@ -311,6 +314,7 @@ impl Config {
             r.problems.push(ConfigProblem::Grants(p));
             grants::GrantSource::Off
         });
+        let guard_addr = r.guard_addr(provider.as_ref(), &grants);
 
         if !r.problems.is_empty() {
             return Err(ConfigError {
@@ -334,6 +338,7 @@ impl Config {
             limits,
             sessions,
             grants,
+            guard_addr,
             unknown_vars: unknown_variables(env),
         })
     }
@@ -410,6 +415,39 @@ impl<'a> Reader<'a> {
             });
         }
         value
+    }
+
+    /// `PLIMSOLL_GUARD_ADDR` (config.md §2.1): required exactly when the provider has a guard
+    /// URL, and then only with a supervised broker (an operator-run broker has an
+    /// operator-run guard).
+    fn guard_addr(
+        &mut self,
+        provider: Option<&ProviderConfig>,
+        grants: &grants::GrantSource,
+    ) -> Option<String> {
+        let var = guard::env::GUARD_ADDR;
+        let value = self.trimmed(var);
+        let url = provider.and_then(|p| p.settings().guard_url());
+        let refuse = |r: &mut Self, value: &str, reason: &str| {
+            r.problems.push(ConfigProblem::ProviderSetting {
+                var,
+                value: shown(value),
+                reason: reason.to_owned(),
+            });
+        };
+        match (value.is_empty(), url) {
+            (true, None) => None,
+            (false, None) => {
+                refuse(self, &value, "is set but no guard URL is (E2B_GUARD_URL)");
+                None
+            }
+            (true, Some(_)) if matches!(grants, grants::GrantSource::Supervised(_)) => {
+                refuse(self, "", "is required when a guard URL is set");
+                None
+            }
+            (true, Some(_)) => None,
+            (false, Some(_)) => Some(self.host_port(var, value, "127.0.0.1:8443")),
+        }
     }
 
     fn addr(&mut self) -> String {

@@ -308,10 +308,10 @@ fn provider_is_trimmed_and_lower_cased() {
 
 #[test]
 fn unknown_provider_is_fatal_and_lists_the_known_names() {
-    let text = problem(&[("SANDBOX_PROVIDER", "e2b")]);
-    assert!(text.contains("\"e2b\""), "{text}");
+    let text = problem(&[("SANDBOX_PROVIDER", "dockercloud")]);
+    assert!(text.contains("\"dockercloud\""), "{text}");
     assert!(
-        text.ends_with("known: disabled, wasm, docker, openshell"),
+        text.ends_with("known: disabled, wasm, docker, openshell, e2b"),
         "{text}"
     );
 }
@@ -331,6 +331,10 @@ fn known_providers_are_chosen_by_their_names() {
                 ("SANDBOX_OPENSHELL_KEY_FILE", "/c/tls.key"),
                 ("SANDBOX_OPENSHELL_IMAGE", "plimsoll/sandbox:latest"),
             ]);
+        }
+        if provider.name == "e2b" {
+            // Its key has no default.
+            pairs.push(("E2B_API_KEY", "e2b_test"));
         }
         assert_eq!(ok(&pairs).provider.name(), provider.name);
     }
@@ -468,7 +472,7 @@ fn every_bad_variable_is_reported_together() {
         ("PLIMSOLL_METRICS_ADDR", "9464"),
         ("PLIMSOLL_HARDENED", "maybe"),
         ("PLIMSOLL_TLS_CERT", "c.pem"),
-        ("SANDBOX_PROVIDER", "e2b"),
+        ("SANDBOX_PROVIDER", "dockercloud"),
         ("SANDBOX_MIN_ISOLATION", "none"),
         ("SANDBOX_MEMORY_MB", "1e3"),
         ("SANDBOX_CPUS", "NaN"),
@@ -523,4 +527,35 @@ fn non_loopback_metrics_listener_is_warned_about() {
             .iter()
             .any(|w| w.contains("not loopback"))
     );
+}
+
+#[test]
+fn the_guard_address_is_required_exactly_with_a_guard_url() {
+    let e2b = [
+        ("SANDBOX_PROVIDER", "e2b"),
+        ("E2B_API_KEY", "e2b_test"),
+        ("PLIMSOLL_INSECURE", "1"),
+    ];
+    let with = |extra: &[(&'static str, &'static str)]| {
+        let mut pairs = e2b.to_vec();
+        pairs.extend_from_slice(extra);
+        pairs
+    };
+    // Set without a guard URL: refused, whichever provider.
+    let text = problem(&with(&[("PLIMSOLL_GUARD_ADDR", "127.0.0.1:0")]));
+    assert!(text.starts_with("PLIMSOLL_GUARD_ADDR"), "{text}");
+    // A guard URL with a supervised broker needs it, and it must be host:port.
+    let url = ("E2B_GUARD_URL", "https://guard.example.com");
+    let grants = ("PLIMSOLL_GRANTS_FILE", "/g/grants.json");
+    let text = problem(&with(&[url, grants]));
+    assert!(text.starts_with("PLIMSOLL_GUARD_ADDR"), "{text}");
+    let text = problem(&with(&[url, grants, ("PLIMSOLL_GUARD_ADDR", "8443")]));
+    assert!(text.contains("PLIMSOLL_GUARD_ADDR"), "{text}");
+    let config = ok(&with(&[
+        url,
+        grants,
+        ("PLIMSOLL_GUARD_ADDR", "127.0.0.1:8443"),
+    ]));
+    assert_eq!(config.guard_addr.as_deref(), Some("127.0.0.1:8443"));
+    assert_eq!(ok(&e2b).guard_addr, None);
 }

@@ -92,6 +92,12 @@ pub trait ProviderSettings: fmt::Debug + Send + Sync + 'static {
         None
     }
 
+    /// The guard URL granted sandboxes reach (`E2B_GUARD_URL`), when the provider has one:
+    /// `PLIMSOLL_GUARD_ADDR` is then required, and refused otherwise.
+    fn guard_url(&self) -> Option<String> {
+        None
+    }
+
     /// Hardened mode's rule 4 (immutable surface, config.md §10): one sentence per
     /// violation. None by default.
     fn surface_violations(&self) -> Vec<String> {
@@ -204,6 +210,8 @@ providers! {
     Docker(super::docker::config::DockerConfig) = super::docker::ID,
     #[cfg(feature = "openshell")]
     OpenShell(super::openshell::config::OpenShellConfig) = super::openshell::ID,
+    #[cfg(feature = "e2b")]
+    E2b(super::e2b::config::E2bConfig) = super::e2b::ID,
 }
 
 #[cfg(test)]
@@ -215,7 +223,7 @@ mod tests {
 
     /// Providers whose settings have no default: an empty environment is a problem for them
     /// (each about their own variables only).
-    const REQUIRED_SETTINGS: &[&str] = &["openshell"];
+    const REQUIRED_SETTINGS: &[&str] = &["openshell", "e2b"];
 
     #[test]
     fn every_known_provider_reads_settings_under_its_own_name() {
@@ -226,8 +234,11 @@ mod tests {
             assert_eq!(config.name(), known.name);
             if REQUIRED_SETTINGS.contains(&known.name) {
                 let prefix = format!("SANDBOX_{}_", known.name.to_uppercase());
+                let own = format!("{}_", known.name.to_uppercase());
                 assert!(
-                    r.problems.iter().all(|p| p.variable().starts_with(&prefix)),
+                    r.problems.iter().all(
+                        |p| p.variable().starts_with(&prefix) || p.variable().starts_with(&own)
+                    ),
                     "{known:?}: {:?}",
                     r.problems
                 );
@@ -239,7 +250,7 @@ mod tests {
                 Some(known.name)
             );
         }
-        assert!(KnownProvider::find("e2b").is_none());
+        assert!(KnownProvider::find("dockercloud").is_none());
     }
 
     #[test]

@@ -483,6 +483,7 @@ mod tests {
             total_memory_mb: 0,
             per_run_memory_mb: 256,
             clamped: false,
+            paid_seconds_per_day: 0,
         };
         Arc::new(State {
             sessions: crate::session::Sessions::new(

@@ -36,6 +36,11 @@ impl Capped {
         self.kept.extend_from_slice(&bytes[..bytes.len().min(room)]);
     }
 
+    /// Records that bytes were lost without seeing them (a stream abandoned for its size).
+    pub fn mark_truncated(&mut self) {
+        self.truncated = true;
+    }
+
     /// The kept bytes.
     pub fn bytes(&self) -> &[u8] {
         &self.kept

@@ -1,0 +1,265 @@
+//! Snippets and projects in a VM (grants.md §6.5).
+//!
+//! A snippet is written to `/tmp/plimsoll-snippet.cjs` (no argv limits) and run with `node`.
+//! A project's files go under `/home/user/project` and each step into its own
+//! `/tmp/plimsoll-step-<i>.sh`, all in one multipart upload; each step is then its own envd
+//! process, `sh <script>` in the project directory, with what is left of the budget. The
+//! daemon sees every step's exit and output itself from envd's stream, so no report from
+//! inside the VM needs to be trusted: the VM is killed after the run either way.
+
+use std::time::{Duration, Instant};
+
+use plimsoll::wire::{Artifact, ProjectOutcome, ProjectResult, StepResult};
+
+use super::envd::{Command, EXIT_FLOOD, EXIT_TIMED_OUT, Ending, EnvdError, Finished};
+use super::sandbox::Vm;
+use crate::provider::ProjectPlan;
+use crate::provider::docker::settings::OUTPUT_CAP;
+
+/// The snippet's file.
+pub const SNIPPET_FILE: &str = "/tmp/plimsoll-snippet.cjs";
+/// A project's directory.
+pub const PROJECT_DIR: &str = "/home/user/project";
+/// A granted project's client library, loaded by every node a step starts.
+pub const HOST_LIBRARY: &str = "/tmp/plimsoll-e2b-host.mjs";
+/// The VM's CA bundle, which holds E2B's egress proxy's CA: node trusts only what
+/// `NODE_EXTRA_CA_CERTS` names.
+const CA_BUNDLE: &str = "/etc/ssl/certs/ca-certificates.crt";
+/// The whole of a project's artifacts (grants.md §6.4).
+const ARTIFACTS_CAP: usize = 8 << 20;
+
+/// Why a run has no result.
+#[derive(Debug, thiserror::Error)]
+pub enum RunError {
+    /// envd failed before the code's outcome was known.
+    #[error(transparent)]
+    Envd(#[from] EnvdError),
+    /// The VM went away under the code.
+    #[error("sandbox {sandbox} ended while the code ran")]
+    Lost { sandbox: String },
+}
+
+/// A snippet's result: output, exit (124 at the deadline, 153 on a flood) and timing.
+pub struct SnippetRan {
+    pub finished: Finished,
+    pub exit_code: i32,
+}
+
+/// The exit code of an ending, or the loss.
+fn exit_of(ending: Ending, vm: &Vm) -> Result<i32, RunError> {
+    match ending {
+        Ending::Exited(code) => Ok(code),
+        Ending::TimedOut => Ok(EXIT_TIMED_OUT),
+        Ending::Flooded => Ok(EXIT_FLOOD),
+        Ending::Lost => Err(RunError::Lost {
+            sandbox: vm.id().to_owned(),
+        }),
+    }
+}
+
+/// Runs a snippet in `vm`; a granted one gets `library` (the guard client, no token)
+/// prepended.
+pub async fn snippet(
+    vm: &Vm,
+    code: &str,
+    timeout: Duration,
+    library: Option<&str>,
+) -> Result<SnippetRan, RunError> {
+    let code = match library {
+        Some(library) => format!("{library}{code}"),
+        None => code.to_owned(),
+    };
+    vm.envd
+        .upload(&[(SNIPPET_FILE.to_owned(), code.into_bytes())])
+        .await?;
+    let envs: &[(&str, &str)] = if library.is_some() {
+        &[("NODE_EXTRA_CA_CERTS", CA_BUNDLE)]
+    } else {
+        &[]
+    };
+    let finished = vm
+        .envd
+        .run(&Command {
+            cmd: "node",
+            args: &[SNIPPET_FILE],
+            cwd: None,
+            envs,
+            timeout,
+            stdout_cap: OUTPUT_CAP,
+            stderr_cap: OUTPUT_CAP,
+        })
+        .await?;
+    let exit_code = exit_of(finished.ending, vm)?;
+    Ok(SnippetRan {
+        finished,
+        exit_code,
+    })
+}
+
+/// The path of step `i`'s script.
+pub fn step_script(i: usize) -> String {
+    format!("/tmp/plimsoll-step-{i}.sh")
+}
+
+/// Runs a project in `vm` within `budget`. Once the files are staged every ending is a
+/// result; only a VM lost before any step ran is an error. A granted project's steps load
+/// `library` (the guard client, no token) into every node they start.
+pub async fn project(
+    vm: &Vm,
+    plan: &ProjectPlan,
+    budget: Duration,
+    library: Option<&str>,
+) -> Result<ProjectResult, RunError> {
+    let started = Instant::now();
+    let mut files: Vec<(String, Vec<u8>)> = plan
+        .files
+        .iter()
+        .map(|f| {
+            (
+                format!("{PROJECT_DIR}/{}", f.path),
+                f.content.as_bytes().to_vec(),
+            )
+        })
+        .collect();
+    if files.is_empty() {
+        // The project directory (every step's cwd) exists even for a plan without files.
+        files.push((format!("{PROJECT_DIR}/.plimsoll"), Vec::new()));
+    }
+    for (i, step) in plan.steps.iter().enumerate() {
+        files.push((step_script(i), step.as_bytes().to_vec()));
+    }
+    let node_options = format!("--import {HOST_LIBRARY}");
+    let envs: Vec<(&str, &str)> = match library {
+        Some(library) => {
+            files.push((HOST_LIBRARY.to_owned(), library.as_bytes().to_vec()));
+            vec![
+                ("NODE_OPTIONS", node_options.as_str()),
+                ("NODE_EXTRA_CA_CERTS", CA_BUNDLE),
+            ]
+        }
+        None => Vec::new(),
+    };
+    if let Err(e) = vm.envd.upload(&files).await {
+        return Ok(outcome(
+            ProjectOutcome::PROJECT_OUTCOME_SETUP_FAILED,
+            format!("the project files could not be written: {e}"),
+        ));
+    }
+    let mut steps = Vec::new();
+    let mut timed_out = false;
+    for (i, command) in plan.steps.iter().enumerate() {
+        let left = budget.saturating_sub(started.elapsed());
+        if left.is_zero() {
+            timed_out = true;
+            break;
+        }
+        let script = step_script(i);
+        let ran = vm
+            .envd
+            .run(&Command {
+                cmd: "sh",
+                args: &[&script],
+                cwd: Some(PROJECT_DIR),
+                envs: &envs,
+                timeout: left,
+                stdout_cap: OUTPUT_CAP,
+                stderr_cap: OUTPUT_CAP,
+            })
+            .await;
+        let finished = match ran {
+            Ok(finished) if finished.ending != Ending::Lost => finished,
+            other => {
+                let why = match other {
+                    Err(e) => e.to_string(),
+                    Ok(_) => "the VM ended".to_owned(),
+                };
+                tracing::warn!(sandbox = %vm.id(), step = i + 1, error = %why, "e2b: a project step was lost");
+                return Ok(outcome(
+                    ProjectOutcome::PROJECT_OUTCOME_RUNNER_FAILED,
+                    format!(
+                        "the sandbox failed after step {} began; code ran and its effects are unknown",
+                        i + 1
+                    ),
+                ));
+            }
+        };
+        let exit_code = exit_of(finished.ending, vm)?;
+        let step_timed_out = finished.ending == Ending::TimedOut;
+        let (stdout, stdout_truncated) = finished.stdout.into_parts();
+        let (stderr, stderr_truncated) = finished.stderr.into_parts();
+        steps.push(StepResult {
+            command: command.clone(),
+            stdout,
+            stderr,
+            exit_code,
+            timed_out: step_timed_out,
+            duration_ms: i64::try_from(finished.duration.as_millis()).unwrap_or(i64::MAX),
+            stdout_truncated,
+            stderr_truncated,
+            ..Default::default()
+        });
+        if step_timed_out {
+            timed_out = true;
+            break;
+        }
+        if exit_code != 0 {
+            break;
+        }
+    }
+    if timed_out {
+        let mut result = outcome(
+            ProjectOutcome::PROJECT_OUTCOME_TIMED_OUT,
+            "the run exceeded its time budget".to_owned(),
+        );
+        result.steps = steps;
+        return Ok(result);
+    }
+    let (artifacts, artifacts_truncated) = artifacts(vm, &plan.artifacts).await;
+    Ok(ProjectResult {
+        outcome: ProjectOutcome::PROJECT_OUTCOME_COMPLETED.into(),
+        steps,
+        artifacts,
+        artifacts_truncated,
+        ..ProjectResult::default()
+    })
+}
+
+/// The asked artifacts that exist, within the total cap (what does not fit is dropped and
+/// flagged).
+async fn artifacts(vm: &Vm, asked: &[String]) -> (Vec<Artifact>, bool) {
+    let mut found = Vec::new();
+    let mut left = ARTIFACTS_CAP;
+    let mut truncated = false;
+    for path in asked {
+        // One byte over what is left tells "does not fit" from "fits exactly".
+        match vm
+            .envd
+            .download(&format!("{PROJECT_DIR}/{path}"), left + 1)
+            .await
+        {
+            Ok(Some(content)) if content.len() <= left => {
+                left -= content.len();
+                found.push(Artifact {
+                    path: path.clone(),
+                    content,
+                    ..Default::default()
+                });
+            }
+            Ok(Some(_)) | Err(EnvdError::Refused(_)) => truncated = true,
+            Ok(None) => {}
+            Err(e) => {
+                tracing::warn!(sandbox = %vm.id(), error = %e, "e2b: an artifact could not be read");
+                truncated = true;
+            }
+        }
+    }
+    (found, truncated)
+}
+
+fn outcome(outcome: ProjectOutcome, detail: String) -> ProjectResult {
+    ProjectResult {
+        outcome: outcome.into(),
+        outcome_detail: detail,
+        ..ProjectResult::default()
+    }
+}

@@ -1,0 +1,318 @@
+//! One VM per run (grants.md §6.2): the lease tracked before the create is sent, the create
+//! stamped with this instance and the lease, ownership proven by a read-back before the id
+//! is trusted (even for a kill), both access tokens required, the resources and the network
+//! read back against the envelope. A VM is killed in the background once its run ends, and
+//! its lease and admission slot are released only when the kill finished.
+
+use std::collections::{BTreeMap, HashSet};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tokio::sync::Notify;
+
+use super::api::{Api, ApiError, Created, Detail, Network, NewSandbox, valid_id};
+use super::config::EnvdRoute;
+use super::envd::Envd;
+use super::http::HttpError;
+use crate::provider::{Hold, Resources};
+
+/// What E2B's own timeout adds to a run's budget: the leak backstop (grants.md §6.2).
+const BACKSTOP_SLACK: Duration = Duration::from_secs(10);
+/// The metadata stamps.
+pub const STAMP_SDK: &str = "sdk";
+pub const STAMP_INSTANCE: &str = "instance";
+pub const STAMP_LEASE: &str = "lease";
+pub const SDK: &str = "plimsoll";
+
+/// Why a VM could not be made ready.
+#[derive(Debug, thiserror::Error)]
+pub enum SandboxError {
+    /// E2B refused the create (4xx): no VM exists.
+    #[error("E2B refused the create: {0}")]
+    Refused(ApiError),
+    /// The create's fate is unknown (a 5xx, a transport error, no id): the orphan sweep finds
+    /// the VM if it exists.
+    #[error("the create was lost: {0}")]
+    Lost(ApiError),
+    /// The answer lacked a token; the VM was killed once proven ours.
+    #[error("{0}")]
+    Insecure(&'static str),
+    /// The read-back did not show this instance's lease: the id is not trusted.
+    #[error("sandbox {id} did not read back with this instance's lease")]
+    NotOurs { id: String },
+    /// The read-back differs from the envelope; the VM was killed.
+    #[error("sandbox {id} read back outside the envelope: {mismatch}")]
+    Readback { id: String, mismatch: String },
+    /// A read-back call failed.
+    #[error("reading sandbox {id} back: {source}")]
+    Detail { id: String, source: ApiError },
+    /// envd's client could not be made.
+    #[error(transparent)]
+    Envd(#[from] HttpError),
+}
+
+/// The leases this daemon tracks: being created, in use, being killed.
+#[derive(Default)]
+pub struct Leases {
+    keys: Mutex<HashSet<String>>,
+    changed: Notify,
+}
+
+impl Leases {
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashSet<String>> {
+        // A panic while holding this lock leaves a valid set; keep using it.
+        self.keys.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn track(&self, key: &str) {
+        self.lock().insert(key.to_owned());
+    }
+
+    fn release(&self, key: &str) {
+        self.lock().remove(key);
+        self.changed.notify_waiters();
+    }
+
+    /// Whether `key` is tracked.
+    pub fn contains(&self, key: &str) -> bool {
+        self.lock().contains(key)
+    }
+
+    /// Waits until nothing is tracked or `budget` passes; how many are left.
+    pub async fn settle(&self, budget: Duration) -> usize {
+        let deadline = tokio::time::Instant::now() + budget;
+        loop {
+            let notified = self.changed.notified();
+            let left = self.lock().len();
+            if left == 0 || tokio::time::timeout_at(deadline, notified).await.is_err() {
+                return self.lock().len();
+            }
+        }
+    }
+}
+
+/// A granted VM's one way out: `allowOut` of the guard's host, and the rule by which E2B's
+/// egress proxy adds the run's guard token (the guest never holds it).
+pub struct GuardRule<'a> {
+    /// The guard URL's host name.
+    pub host: &'a str,
+    /// The run's guard token.
+    pub token: &'a str,
+}
+
+impl GuardRule<'_> {
+    fn network(&self) -> Network {
+        let mut headers = serde_json::Map::new();
+        headers.insert("X-Plimsoll-Guard".to_owned(), self.token.into());
+        Network {
+            allow_out: Some(vec![self.host.to_owned()]),
+            rules: Some(serde_json::json!({
+                self.host: [{"transform": {"headers": headers}}]
+            })),
+            ..Network::deny_all()
+        }
+    }
+}
+
+/// Everything a VM is made from.
+pub struct Fleet {
+    pub api: Api,
+    pub envd_route: EnvdRoute,
+    pub tls: Option<Arc<rustls::ClientConfig>>,
+    pub template: String,
+    /// This provider's random instance stamp.
+    pub instance: String,
+    /// The operator's envelope (0 = unbounded), checked by read-back.
+    pub resources: Resources,
+    pub leases: Leases,
+}
+
+/// A VM a run holds. Dropping it kills the VM in the background, then releases the lease
+/// and the admission slot.
+pub struct Vm {
+    fleet: Arc<Fleet>,
+    id: String,
+    lease: String,
+    pub envd: Envd,
+    hold: Option<Hold>,
+}
+
+impl Vm {
+    /// The sandbox id.
+    pub fn id(&self) -> &str {
+        &self.id
+    }
+}
+
+impl Drop for Vm {
+    fn drop(&mut self) {
+        let fleet = self.fleet.clone();
+        let (id, lease, hold) = (
+            std::mem::take(&mut self.id),
+            std::mem::take(&mut self.lease),
+            self.hold.take(),
+        );
+        let kill = async move {
+            fleet.kill_and_release(&id, &lease).await;
+            drop(hold);
+        };
+        match tokio::runtime::Handle::try_current() {
+            Ok(handle) => {
+                handle.spawn(kill);
+            }
+            // No runtime (only at process exit): the orphan sweep or E2B's timeout ends it.
+            Err(_) => tracing::warn!("a VM was dropped outside the runtime; left to its timeout"),
+        }
+    }
+}
+
+impl Fleet {
+    /// Kills `id` and then stops tracking `lease`.
+    pub async fn kill_and_release(&self, id: &str, lease: &str) {
+        if let Err(e) = self.api.kill(id).await {
+            tracing::warn!(sandbox = %id, error = %e, "e2b: a VM could not be killed; the orphan sweep retries");
+        }
+        self.leases.release(lease);
+    }
+
+    fn stamps(&self, lease: &str) -> BTreeMap<String, String> {
+        BTreeMap::from([
+            (STAMP_SDK.to_owned(), SDK.to_owned()),
+            (STAMP_INSTANCE.to_owned(), self.instance.clone()),
+            (STAMP_LEASE.to_owned(), lease.to_owned()),
+        ])
+    }
+
+    /// Whether `detail` carries this instance's `lease` stamp.
+    fn ours(&self, detail: &Detail, lease: &str) -> bool {
+        detail.metadata.get(STAMP_INSTANCE) == Some(&self.instance)
+            && detail.metadata.get(STAMP_LEASE).map(String::as_str) == Some(lease)
+    }
+
+    /// Makes a VM for a run of `budget`, holding `hold` until it is killed.
+    pub async fn lease(
+        self: &Arc<Self>,
+        budget: Duration,
+        hold: Hold,
+        guard: Option<GuardRule<'_>>,
+    ) -> Result<Vm, SandboxError> {
+        let lease = hex::encode(rand::random::<[u8; 16]>());
+        // Tracked before the request leaves: the orphan sweep never kills a VM being made.
+        self.leases.track(&lease);
+        let made = self.create(&lease, budget, guard).await;
+        match made {
+            Ok((id, envd)) => Ok(Vm {
+                fleet: self.clone(),
+                id,
+                lease,
+                envd,
+                hold: Some(hold),
+            }),
+            Err(e) => {
+                self.leases.release(&lease);
+                Err(e)
+            }
+        }
+    }
+
+    async fn create(
+        &self,
+        lease: &str,
+        budget: Duration,
+        guard: Option<GuardRule<'_>>,
+    ) -> Result<(String, Envd), SandboxError> {
+        let network = guard
+            .as_ref()
+            .map_or_else(Network::deny_all, GuardRule::network);
+        let metadata = self.stamps(lease);
+        let new = NewSandbox {
+            template_id: &self.template,
+            timeout: budget.as_secs_f64().ceil() as u64 + BACKSTOP_SLACK.as_secs(),
+            auto_pause: false,
+            metadata: &metadata,
+            network,
+        };
+        let created: Created = match self.api.create(&new).await {
+            Ok(Ok(created)) => created,
+            Ok(Err(refused)) => return Err(SandboxError::Refused(refused)),
+            Err(lost) => return Err(SandboxError::Lost(lost)),
+        };
+        let Some(id) = created.sandbox_id.filter(|id| valid_id(id)) else {
+            // Never used in a path: the sweep finds the VM by its stamps.
+            return Err(SandboxError::Lost(ApiError::Answer(
+                "a create answer without a usable sandboxID".to_owned(),
+            )));
+        };
+        let detail = match self.api.detail(&id).await {
+            Ok(Some(detail)) if self.ours(&detail, lease) => detail,
+            Ok(_) => return Err(SandboxError::NotOurs { id }),
+            Err(source) => {
+                // Unknown: the sweep judges it later by its stamps.
+                return Err(SandboxError::Detail { id, source });
+            }
+        };
+        let access = created.envd_access_token.filter(|t| !t.is_empty());
+        let traffic = created.traffic_access_token.filter(|t| !t.is_empty());
+        let (access, traffic) = match (access, traffic) {
+            (Some(access), Some(traffic)) => (access, traffic),
+            (access, _) => {
+                self.kill_now(&id).await;
+                return Err(SandboxError::Insecure(if access.is_none() {
+                    "no envd access token in secure-mode response (template's envd too old?)"
+                } else {
+                    "no traffic access token in the create response (public traffic must be off)"
+                }));
+            }
+        };
+        if let Some(mismatch) = self.mismatch(&detail, guard.as_ref().map(|g| g.host)) {
+            self.kill_now(&id).await;
+            return Err(SandboxError::Readback { id, mismatch });
+        }
+        let envd = Envd::new(&self.envd_route, self.tls.clone(), &id, &access, &traffic)?;
+        Ok((id, envd))
+    }
+
+    async fn kill_now(&self, id: &str) {
+        if let Err(e) = self.api.kill(id).await {
+            tracing::warn!(sandbox = %id, error = %e, "e2b: a refused VM could not be killed; the orphan sweep retries");
+        }
+    }
+
+    /// What in a read-back is outside the envelope or not deny-all (but for the guard's host
+    /// on a granted VM), if anything. The read-back holds the guard token: never logged.
+    fn mismatch(&self, detail: &Detail, guard_host: Option<&str>) -> Option<String> {
+        let r = self.resources;
+        if r.memory_mb > 0 && detail.memory_mb > u64::from(r.memory_mb) {
+            return Some(format!(
+                "memoryMB {} above SANDBOX_MEMORY_MB {}",
+                detail.memory_mb, r.memory_mb
+            ));
+        }
+        if r.cpus > 0.0 && detail.cpu_count > r.cpus.floor() {
+            return Some(format!(
+                "cpuCount {} above SANDBOX_CPUS {}",
+                detail.cpu_count, r.cpus
+            ));
+        }
+        if r.disk_mb > 0 && detail.disk_size_mb > u64::from(r.disk_mb) {
+            return Some(format!(
+                "diskSizeMB {} above SANDBOX_DISK_MB {}",
+                detail.disk_size_mb, r.disk_mb
+            ));
+        }
+        let network = detail.network.clone().unwrap_or_default();
+        let denies_all = network
+            .deny_out
+            .as_ref()
+            .is_some_and(|d| d.iter().any(|c| c == "0.0.0.0/0"));
+        let allowed: &[String] = network.allow_out.as_deref().unwrap_or_default();
+        let allows_only_guard = match guard_host {
+            None => allowed.is_empty(),
+            Some(host) => allowed.len() == 1 && allowed[0] == host,
+        };
+        if !denies_all || !allows_only_guard || network.allow_public_traffic == Some(true) {
+            return Some("the network is not deny-all".to_owned());
+        }
+        None
+    }
+}

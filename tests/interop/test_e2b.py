@@ -1,0 +1,135 @@
+"""The e2b provider through the published Python client, plimsoll-client 0.23.0 from PyPI and
+unchanged, against the real plimsolld on the E2B simulator.
+
+No E2B account is reachable here: the daemon talks to tests/simulators/e2b
+(target/debug/e2b-simulator, built by `cargo build --workspace`; its fidelity is checked by
+E2B's own SDK), whose VMs are local containers under each runtime
+PLIMSOLL_TEST_DOCKER_RUNTIMES names. The client runs a snippet, a timed-out snippet and a
+project; it verifies each run record against the request it sent and the floor against the
+answer (a `kernel` floor is met by `vm`), and the test checks what the records state:
+provider e2b, tier vm, the template as the environment, an `e2b-sandbox:` instance.
+
+Docker and the simulator's template image are required: when missing the test FAILS unless
+PLIMSOLL_TEST_DOCKER_SKIP=1.
+
+    tests/interop/.venv/bin/python -I tests/interop/test_e2b.py
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+import re
+import subprocess
+import sys
+import unittest
+from typing import Dict
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+sys.dont_write_bytecode = True  # no __pycache__ beside the tests
+
+import plimsoll_client as pc  # noqa: E402  (from the venv's site-packages)
+from plimsolld_process import ROOT, Plimsolld  # noqa: E402
+
+TEMPLATE_IMAGE = "plimsoll-sim/e2b-base:latest"
+SIMULATOR = pathlib.Path(os.environ.get("CARGO_TARGET_DIR") or ROOT / "target") / "debug" / "e2b-simulator"
+START_TIMEOUT = 180.0
+REQUEST_TIMEOUT = 90.0
+RUNTIMES = [r for r in os.environ.get("PLIMSOLL_TEST_DOCKER_RUNTIMES", "runc runsc").split() if r]
+
+
+def problem() -> str:
+    try:
+        if subprocess.run(["docker", "image", "inspect", TEMPLATE_IMAGE], capture_output=True, timeout=60).returncode:
+            return f"image {TEMPLATE_IMAGE} is missing; run scripts/setup-e2b-simulator"
+    except (OSError, subprocess.TimeoutExpired) as e:
+        return f"docker is not usable ({e}); run scripts/setup-docker"
+    if not SIMULATOR.is_file():
+        return f"{SIMULATOR} is missing; run cargo build --workspace"
+    return ""
+
+
+class Simulator:
+    """The E2B simulator; it stops (and removes its VMs) when its stdin closes."""
+
+    def __init__(self, runtime: str) -> None:
+        self.proc = subprocess.Popen(
+            [str(SIMULATOR), "--watch-stdin", "--runtime", runtime],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+        )
+        assert self.proc.stdout is not None
+        line = self.proc.stdout.readline()
+        if not line:
+            self.proc.wait(30)
+            raise RuntimeError("the e2b simulator exited before it was ready")
+        self.ready: Dict[str, str] = json.loads(line)
+
+    def stop(self) -> None:
+        assert self.proc.stdin is not None
+        self.proc.stdin.close()
+        self.proc.wait(60)
+        if self.proc.stdout is not None:
+            self.proc.stdout.close()
+
+
+class E2bInteropTest(unittest.TestCase):
+
+    def setUp(self) -> None:
+        why = problem()
+        if not why:
+            return
+        if os.environ.get("PLIMSOLL_TEST_DOCKER_SKIP") == "1":
+            self.skipTest(f"PLIMSOLL_TEST_DOCKER_SKIP=1: {why}")
+        self.fail(f"{why} (set PLIMSOLL_TEST_DOCKER_SKIP=1 to skip on a developer machine)")
+
+    def test_snippets_and_a_project_in_simulated_microvms_with_verified_records(self) -> None:
+        for runtime in RUNTIMES:
+            with self.subTest(runtime=runtime):
+                sim = Simulator(runtime)
+                try:
+                    ready = sim.ready
+                    self.assertEqual(ready["runtime"], runtime)
+                    daemon = Plimsolld(
+                        {
+                            "SANDBOX_PROVIDER": "e2b",
+                            "E2B_API_KEY": ready["apiKey"],
+                            "E2B_API_URL": ready["api"],
+                            "E2B_SANDBOX_URL": ready["envd"],
+                            "E2B_TEMPLATE": "base",
+                        },
+                        start_timeout=START_TIMEOUT,
+                        stop_timeout=90.0,
+                        token=True,
+                    )
+                    try:
+                        client = pc.Client(daemon.url, daemon.token, request_timeout=REQUEST_TIMEOUT)
+                        info = client.describe()
+                        self.assertEqual((info.provider, info.isolation), ("e2b", "vm"))
+                        self.assertTrue(info.supports_project)
+                        result = client.run_javascript("console.log(6*7)", minimum_isolation="kernel")
+                        self.assertEqual((result.stdout, result.stderr, result.exit_code), (b"42\n", b"", 0))
+                        self.assertEqual((result.provider, result.isolation), ("e2b", "vm"))
+                        self.assertEqual(result.record.environment, "e2b-template:base")
+                        self.assertRegex(result.record.instance, re.compile(r"^e2b-sandbox:[a-z0-9]+$"))
+                        timed = client.run_javascript("for (;;) {}", timeout=1.5, minimum_isolation="vm")
+                        self.assertEqual((timed.exit_code, timed.timed_out), (124, True))
+                        project = client.run_project(
+                            [("main.js", "console.log(require('./lib.js'))"), ("lib.js", "module.exports = 42")],
+                            ["node main.js > out.txt", "cat out.txt"],
+                            ["out.txt"],
+                            minimum_isolation="vm",
+                        )
+                        self.assertEqual(project.outcome, "completed", project.detail)
+                        self.assertEqual(project.steps[1].stdout, b"42\n")
+                        self.assertEqual([(a.path, a.content) for a in project.artifacts], [("out.txt", b"42\n")])
+                    finally:
+                        code = daemon.stop()
+                    self.assertEqual(code, 0, "plimsolld after SIGTERM; its log:\n" + "\n".join(daemon.log))
+                finally:
+                    sim.stop()
+
+
+if __name__ == "__main__":
+    unittest.main(verbosity=2)

@@ -1,0 +1,173 @@
+//! A daemon on the E2B simulator (`tests/simulators/e2b`, checked by E2B's own SDK): the
+//! simulator's binary with its VMs under the runtime [`crate::docker::runtime`] names, and
+//! `plimsolld` with `SANDBOX_PROVIDER=e2b` pointed at it through `E2B_API_URL` and
+//! `E2B_SANDBOX_URL`, as E2B's SDK is pointed at a test double.
+
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::time::{Duration, Instant};
+
+use e2b_simulator::process::{SimulatorProcess, binary};
+use serde_json::Value;
+
+use crate::Daemon;
+use crate::docker::runtime;
+
+/// The startup proof makes a VM and runs its probe in it.
+pub const START_TIMEOUT: Duration = Duration::from_secs(180);
+/// The template image the simulator's VMs run (scripts/setup-e2b-simulator builds it).
+pub const TEMPLATE_IMAGE: &str = "plimsoll-sim/e2b-base:latest";
+
+/// Whether docker and the template image are there; panics with the fix otherwise, unless
+/// `PLIMSOLL_TEST_DOCKER_SKIP=1` (then the test is skipped).
+pub fn e2b_ready() -> bool {
+    if !crate::docker::docker_ready() {
+        return false;
+    }
+    let present = std::process::Command::new("docker")
+        .args(["image", "inspect", TEMPLATE_IMAGE])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success());
+    if present {
+        return true;
+    }
+    if std::env::var("PLIMSOLL_TEST_DOCKER_SKIP").as_deref() == Ok("1") {
+        eprintln!("PLIMSOLL_TEST_DOCKER_SKIP=1: {TEMPLATE_IMAGE} is missing; skipping");
+        return false;
+    }
+    panic!("{TEMPLATE_IMAGE} is missing: run scripts/setup-e2b-simulator");
+}
+
+/// A running simulator.
+pub struct E2bSim {
+    /// The child process and its addresses.
+    pub sim: SimulatorProcess,
+}
+
+impl E2bSim {
+    pub fn start() -> E2bSim {
+        let sim = SimulatorProcess::spawn(&binary(), &["--runtime", runtime()])
+            .expect("the e2b simulator starts (cargo build --workspace first)");
+        assert_eq!(sim.runtime, runtime());
+        E2bSim { sim }
+    }
+
+    /// The daemon environment for this simulator, plus `extra` (which replaces).
+    pub fn env(&self, extra: &[(&str, &str)]) -> Vec<(String, String)> {
+        let mut env: Vec<(String, String)> = [
+            ("SANDBOX_PROVIDER", "e2b"),
+            ("PLIMSOLL_INSECURE", "1"),
+            ("PLIMSOLL_METRICS_ADDR", "off"),
+            ("SANDBOX_RATE_PER_MIN", "0"),
+            ("SANDBOX_PER_KEY_CONCURRENT", "0"),
+            ("SANDBOX_MAX_CONCURRENT", "8"),
+            ("E2B_API_KEY", &self.sim.api_key),
+            ("E2B_API_URL", &self.sim.api_url),
+            ("E2B_SANDBOX_URL", &self.sim.envd_url),
+            ("E2B_TEMPLATE", "base"),
+        ]
+        .iter()
+        .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+        .collect();
+        for (k, v) in extra {
+            env.retain(|(name, _)| name != k);
+            env.push(((*k).to_owned(), (*v).to_owned()));
+        }
+        env
+    }
+
+    pub fn daemon(&self, extra: &[(&str, &str)]) -> Daemon {
+        let env = self.env(extra);
+        let refs: Vec<(&str, &str)> = env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+        Daemon::start_within(&refs, START_TIMEOUT)
+    }
+
+    /// Starts a daemon that must refuse to start; its stderr.
+    pub fn refused(&self, extra: &[(&str, &str)]) -> String {
+        let env = self.env(extra);
+        let refs: Vec<(&str, &str)> = env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+        let out = Daemon::refuse(&refs);
+        assert_ne!(out.code(), 0, "{}", out.stderr);
+        out.stderr
+    }
+
+    /// The simulator's VMs (`[{sandboxID, container, state, processes}]`).
+    pub fn sandboxes(&self) -> Vec<Value> {
+        self.sim
+            .sandboxes()
+            .expect("simulator sandboxes")
+            .as_array()
+            .cloned()
+            .unwrap_or_default()
+    }
+
+    /// The ids of the simulator's VMs.
+    pub fn ids(&self) -> Vec<String> {
+        self.sandboxes()
+            .iter()
+            .filter_map(|s| s["sandboxID"].as_str().map(str::to_owned))
+            .collect()
+    }
+
+    /// Waits (at most `bound`) until the simulator holds no VM.
+    pub fn wait_empty(&self, bound: Duration) {
+        self.wait_for(bound, "no VM left", |ids| ids.is_empty());
+    }
+
+    /// Waits (at most `bound`) until `done` holds for the VM ids.
+    pub fn wait_for(&self, bound: Duration, what: &str, mut done: impl FnMut(&[String]) -> bool) {
+        let deadline = Instant::now() + bound;
+        loop {
+            let ids = self.ids();
+            if done(&ids) {
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "{what}: not within {bound:?}: {ids:?}"
+            );
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    }
+
+    /// One call to E2B's control plane as a client (not the daemon) makes it: the status
+    /// and the JSON answer.
+    pub fn api(&self, method: &str, path: &str, body: Option<&Value>) -> (u16, Value) {
+        let addr = self.sim.api_url.trim_start_matches("http://");
+        let mut stream = TcpStream::connect(addr).expect("connect to the simulator's API");
+        stream
+            .set_read_timeout(Some(Duration::from_secs(60)))
+            .expect("timeout");
+        let body = body.map(Value::to_string).unwrap_or_default();
+        write!(
+            stream,
+            "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nX-API-Key: {}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+            self.sim.api_key,
+            body.len()
+        )
+        .expect("write");
+        let mut answer = String::new();
+        stream.read_to_string(&mut answer).expect("read");
+        let (head, payload) = answer.split_once("\r\n\r\n").unwrap_or((&answer, ""));
+        let status = head
+            .split_whitespace()
+            .nth(1)
+            .and_then(|s| s.parse().ok())
+            .unwrap_or(0);
+        (status, serde_json::from_str(payload).unwrap_or(Value::Null))
+    }
+
+    /// Creates a VM stamped with `metadata`, as another client (or a crashed daemon) would
+    /// have; its id.
+    pub fn create_stamped(&self, metadata: &Value) -> String {
+        let (status, answer) = self.api(
+            "POST",
+            "/v2/sandboxes",
+            Some(&serde_json::json!({"templateID": "base", "timeout": 600, "metadata": metadata})),
+        );
+        assert_eq!(status, 201, "{answer}");
+        answer["sandboxID"].as_str().expect("sandboxID").to_owned()
+    }
+}

@@ -1,0 +1,162 @@
+//! Grants on e2b through the guard (grants.md §5, §6, issue 14): the daemon supervises the
+//! broker and the guard; a granted VM is created with `allowOut` of the guard's host only and
+//! the rule by which E2B's egress proxy adds the run's guard token, so the guest holds no
+//! token. Against the E2B simulator, whose egress proxy terminates TLS with its own CA, adds
+//! the header and forwards to the guard on loopback; VMs under `PLIMSOLL_TEST_DOCKER_RUNTIME`.
+
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::time::Duration;
+
+use serde_json::{Value, json};
+
+use crate::{Fixture, SECRET, bearers, borrowed, ran, run_request, verify_jwt};
+use plimsoll_tests::e2b::{E2bSim, START_TIMEOUT, e2b_ready};
+use plimsoll_tests::{Daemon, connect};
+
+/// The guard's public name, as VMs reach it (the simulator maps it to the guard's port).
+const GUARD_HOST: &str = "guard.plimsoll.test";
+
+fn e2b_daemon(f: &Fixture, sim: &E2bSim) -> Daemon {
+    let mut env = f.env(&[]);
+    for (k, v) in sim.env(&[
+        ("E2B_GUARD_URL", &format!("https://{GUARD_HOST}")),
+        ("PLIMSOLL_GUARD_ADDR", "127.0.0.1:0"),
+    ]) {
+        env.retain(|(name, _)| *name != k);
+        env.push((k, v));
+    }
+    Daemon::start_within(&borrowed(&env), START_TIMEOUT)
+}
+
+/// One POST of `envelope` to the guard with `token` in `X-Plimsoll-Guard`: the status.
+fn post_to_guard(addr: &str, token: &str, envelope: &str) -> u16 {
+    let mut stream = TcpStream::connect(addr).expect("connect to the guard");
+    stream
+        .set_read_timeout(Some(Duration::from_secs(30)))
+        .expect("timeout");
+    write!(
+        stream,
+        "POST /v1/e2b/guard HTTP/1.1\r\nHost: {GUARD_HOST}\r\nX-Plimsoll-Guard: {token}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{envelope}",
+        envelope.len()
+    )
+    .expect("write");
+    let mut answer = String::new();
+    let _ = stream.read_to_string(&mut answer);
+    answer
+        .split_whitespace()
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0)
+}
+
+/// The guard token in a VM's read-back (E2B shows the rule's header values there).
+fn token_of(sim: &E2bSim, id: &str) -> Option<String> {
+    let (status, detail) = sim.api("GET", &format!("/sandboxes/{id}"), None);
+    assert_eq!(status, 200, "{detail}");
+    detail["network"]["rules"][GUARD_HOST][0]["transform"]["headers"]["X-Plimsoll-Guard"]
+        .as_str()
+        .map(str::to_owned)
+}
+
+#[test]
+fn e2b_runs_reach_only_their_grant_through_the_guard() {
+    if !e2b_ready() {
+        return;
+    }
+    let f = Fixture::start();
+    let sim = E2bSim::start();
+    let d = e2b_daemon(&f, &sim);
+    assert_eq!(d.listening["isolation"], "vm", "{}", d.listening);
+    let guard_addr = d.listening["guard_addr"]
+        .as_str()
+        .filter(|a| *a != "none")
+        .unwrap_or_else(|| panic!("no guard address: {}", d.listening))
+        .to_owned();
+    sim.sim
+        .map_host(GUARD_HOST, &format!("http://{guard_addr}"), None)
+        .expect("map the guard");
+    let v = connect::call_as(&f.alice, "Describe", &json!({}))
+        .send(d.addr)
+        .json();
+    assert_eq!(v["supportsJavascriptGrants"], true, "{v}");
+    assert_eq!(v["supportsProjectGrants"], true, "{v}");
+
+    // Granted: the client reaches the API through the guard; a route outside the grant,
+    // sent raw past the client's check, is refused; the guest's environment and files hold
+    // no token and no secret. The run waits so the test can read the token E2B holds.
+    let code = format!(
+        "(async () => {{\n\
+         const item = await host.get('/items/7');\n\
+         const raw = await fetch('https://{GUARD_HOST}/v1/e2b/guard', {{ method: 'POST', headers: {{ 'content-type': 'application/json' }}, body: JSON.stringify({{ method: 'GET', path: '/admin' }}) }});\n\
+         const fs = require('fs');\n\
+         const files = [];\n\
+         const walk = (d) => {{ for (const e of fs.readdirSync(d, {{ withFileTypes: true }})) {{ const p = d + '/' + e.name; if (e.isDirectory()) walk(p); else if (e.isFile()) files.push(fs.readFileSync(p, 'latin1')); }} }};\n\
+         for (const d of ['/tmp', '/home/user']) walk(d);\n\
+         // The needles are built here, so this file's own text does not match them.\n\
+         const seen = JSON.stringify(process.env) + files.join('\\n');\n\
+         await new Promise((r) => setTimeout(r, 4000));\n\
+         console.log(JSON.stringify({{ item, raw: raw.status, crg: seen.includes(['crg', '_'].join('')), bearer: seen.includes(['ey', 'J'].join('')) }}));\n\
+         }})().catch((e) => {{ console.error(String(e)); process.exit(3); }});"
+    );
+    let addr = d.addr;
+    let alice = f.alice.clone();
+    let runner =
+        std::thread::spawn(move || ran(&run_request(&alice, &code, "inv", 30_000).send(addr)));
+    let mut captured = None;
+    sim.wait_for(Duration::from_secs(60), "the granted VM made", |ids| {
+        captured = ids.iter().find_map(|id| token_of(&sim, id));
+        captured.is_some()
+    });
+    let out = runner.join().expect("the run's thread");
+    assert_eq!(out.exit_code, 0, "{out:?}");
+    let seen: Value = serde_json::from_str(out.stdout.trim()).expect("one JSON line");
+    assert_eq!(seen["item"]["id"], 7, "{seen}");
+    assert_eq!(seen["raw"], 403, "a route outside the grant: {seen}");
+    assert_eq!(seen["crg"], false, "a guard token in the guest: {seen}");
+    assert_eq!(seen["bearer"], false, "a JWT in the guest: {seen}");
+    let requests = f.api.requests();
+    let tokens = bearers(&requests);
+    assert_eq!(
+        tokens.len(),
+        1,
+        "only the granted route reached the API: {requests:?}"
+    );
+    assert_eq!(verify_jwt(&tokens[0], SECRET)["sub"], "alice");
+    let token = captured.expect("the token E2B held");
+    assert!(token.starts_with("crg_"), "a guard token: {token}");
+    for secret in [tokens[0].as_str(), SECRET, token.as_str()] {
+        assert!(!out.stdout.contains(secret) && !out.stderr.contains(secret));
+    }
+    // The token died with the run.
+    assert_eq!(
+        post_to_guard(&guard_addr, &token, r#"{"method":"GET","path":"/items/7"}"#),
+        401
+    );
+    assert_eq!(bearers(&f.api.requests()).len(), 1);
+
+    // A granted project: every node a step starts has the client.
+    f.api.clear_requests();
+    let body = json!({ "protocol": connect::PROTOCOL, "timeoutMs": 60_000,
+        "project": { "files": [{ "path": "main.mjs", "content": "console.log((await host.get('/items/7')).id)" }],
+                     "steps": ["node main.mjs"], "grantProfile": "inv" } });
+    let v = connect::call_as(&f.alice, "Run", &body).send(d.addr).json();
+    assert_eq!(v["project"]["outcome"], "PROJECT_OUTCOME_COMPLETED", "{v}");
+    let stdout = v["project"]["steps"][0]["stdout"]
+        .as_str()
+        .unwrap_or_default();
+    assert_eq!(
+        connect::decode_base64(stdout).expect("base64"),
+        b"7\n",
+        "{v}"
+    );
+    let tokens = bearers(&f.api.requests());
+    assert_eq!(tokens.len(), 1, "{:?}", f.api.requests());
+    assert_eq!(verify_jwt(&tokens[0], SECRET)["sub"], "alice");
+
+    // Without a grant the VM has no way out at all.
+    let bare = "fetch('https://guard.plimsoll.test/v1/e2b/guard', { method: 'POST' }).then(r => console.log(r.status), () => console.log('blocked'))";
+    let out = ran(&run_request(&f.alice, bare, "", 20_000).send(d.addr));
+    assert_eq!(out.stdout, "blocked\n", "{out:?}");
+    sim.wait_empty(Duration::from_secs(60));
+}
