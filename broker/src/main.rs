@@ -36,41 +36,10 @@ struct Args {}
 
 fn main() -> ExitCode {
     let _ = Args::parse();
-    let config = match Config::from_env(&ProcessEnvironment) {
-        Ok(config) => config,
-        Err(error) => {
-            eprintln!("broker: {error}");
-            return ExitCode::from(1);
-        }
-    };
-    init_logs(config.text_logs);
-    let runtime = match tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-    {
-        Ok(runtime) => runtime,
-        Err(error) => {
-            eprintln!("broker: runtime: {error}");
-            return ExitCode::from(1);
-        }
-    };
-    match runtime.block_on(daemon::serve(config)) {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(error) => {
-            tracing::error!(%error, "broker did not start");
-            eprintln!("broker: {error}");
-            ExitCode::from(1)
-        }
-    }
-}
-
-fn init_logs(text: bool) {
-    let builder = tracing_subscriber::fmt()
-        .with_writer(std::io::stderr)
-        .with_max_level(tracing::Level::INFO);
-    if text {
-        builder.init();
-    } else {
-        builder.json().flatten_event(true).init();
-    }
+    guard::start::run(
+        "broker",
+        Config::from_env(&ProcessEnvironment),
+        |config| config.text_logs,
+        daemon::serve,
+    )
 }

@@ -36,7 +36,9 @@ pub mod daemon;
 pub mod handler;
 #[cfg(feature = "server")]
 pub mod listener;
-#[cfg(feature = "server")]
+#[cfg(feature = "start")]
+pub mod start;
+#[cfg(feature = "tls")]
 pub mod tls;
 
 /// The guard path for E2B runs (grants.md §5.2).

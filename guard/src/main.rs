@@ -27,40 +27,10 @@ fn help() -> String {
 
 fn main() -> ExitCode {
     let _ = Args::parse();
-    let config = match Config::from_env(&ProcessEnvironment) {
-        Ok(config) => config,
-        Err(error) => {
-            eprintln!("guard: {error}");
-            return ExitCode::from(1);
-        }
-    };
-    init_logs(config.text_logs);
-    let runtime = match tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-    {
-        Ok(runtime) => runtime,
-        Err(error) => {
-            eprintln!("guard: runtime: {error}");
-            return ExitCode::from(1);
-        }
-    };
-    match runtime.block_on(daemon::serve(config)) {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(error) => {
-            tracing::error!(%error, "guard did not start");
-            ExitCode::from(1)
-        }
-    }
-}
-
-fn init_logs(text: bool) {
-    let builder = tracing_subscriber::fmt()
-        .with_writer(std::io::stderr)
-        .with_max_level(tracing::Level::INFO);
-    if text {
-        builder.init();
-    } else {
-        builder.json().flatten_event(true).init();
-    }
+    guard::start::run(
+        "guard",
+        Config::from_env(&ProcessEnvironment),
+        |config| config.text_logs,
+        daemon::serve,
+    )
 }

@@ -1,5 +1,6 @@
-//! TLS for the guard listener (grants.md §5.3): the daemon's certificate and key, rustls,
-//! TLS 1.2 minimum, ALPN `h2` then `http/1.1`, no client certificates.
+//! TLS for the guard listener (grants.md §5.3) and for plimsolld's listeners: the daemon's
+//! certificate and key, rustls, TLS 1.2 minimum, ALPN `h2` then `http/1.1`, no client
+//! certificates.
 
 use std::path::Path;
 use std::sync::Arc;

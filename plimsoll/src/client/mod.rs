@@ -274,11 +274,7 @@ impl Client {
         code: &str,
         opts: &RunOptions,
     ) -> Result<RunAnswer, ClientError> {
-        let js = JavaScriptRun {
-            code: code.to_owned(),
-            grant_profile: opts.grant_profile.clone(),
-            ..Default::default()
-        };
+        let js = javascript(code, &opts.grant_profile);
         validate::check_javascript(&js).map_err(|r| invalid(r.to_string()))?;
         self.run(
             run_request::Payload::Javascript(Box::new(js)),
@@ -427,6 +423,15 @@ impl Client {
     /// per process). The chain continues from the state's last call.
     pub fn resume_session(&self, state: SessionState) -> Session {
         Session::resume(self.transport.clone(), state)
+    }
+}
+
+/// A JavaScript payload: the snippet under the call's grant profile.
+pub(crate) fn javascript(code: &str, grant_profile: &str) -> JavaScriptRun {
+    JavaScriptRun {
+        code: code.to_owned(),
+        grant_profile: grant_profile.to_owned(),
+        ..Default::default()
     }
 }
 

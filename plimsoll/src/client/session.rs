@@ -145,11 +145,7 @@ impl Session {
         code: &str,
         opts: &RunOptions,
     ) -> Result<SessionAnswer, ClientError> {
-        let js = JavaScriptRun {
-            code: code.to_owned(),
-            grant_profile: opts.grant_profile.clone(),
-            ..Default::default()
-        };
+        let js = super::javascript(code, &opts.grant_profile);
         self.call(PayloadKind::Javascript, Payload::Javascript(js), opts)
             .await
     }

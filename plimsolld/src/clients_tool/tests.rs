@@ -44,6 +44,22 @@ fn create(s: &Scratch, id: &str) -> String {
     out.trim_end().to_owned()
 }
 
+/// Sets (or with "0" removes) client `id`'s paid allowance with the `limit` subcommand.
+fn limit(s: &Scratch, id: &str, seconds: &str) -> (u8, String, String) {
+    run_tool(
+        &[
+            "limit",
+            "--file",
+            &s.file,
+            "--id",
+            id,
+            "--paid-seconds-per-day",
+            seconds,
+        ],
+        "",
+    )
+}
+
 // === parsing ===
 
 #[test]
@@ -443,48 +459,15 @@ fn revoking_the_last_client_leaves_an_empty_registry() {
 fn limit_sets_warns_below_60_and_zero_removes() {
     let s = scratch();
     create(&s, "a");
-    let (code, _, err) = run_tool(
-        &[
-            "limit",
-            "--file",
-            &s.file,
-            "--id",
-            "a",
-            "--paid-seconds-per-day",
-            "30",
-        ],
-        "",
-    );
+    let (code, _, err) = limit(&s, "a", "30");
     assert_eq!(code, 0);
     assert!(err.contains("warning"), "{err}");
     assert_eq!(registry(&s).clients[0].paid_seconds_per_day, Some(30));
-    let (code, _, err) = run_tool(
-        &[
-            "limit",
-            "--file",
-            &s.file,
-            "--id",
-            "a",
-            "--paid-seconds-per-day",
-            "0",
-        ],
-        "",
-    );
+    let (code, _, err) = limit(&s, "a", "0");
     assert_eq!(code, 0);
     assert!(err.contains("removed"), "{err}");
     assert_eq!(registry(&s).clients[0].paid_seconds_per_day, None);
-    let (code, _, _) = run_tool(
-        &[
-            "limit",
-            "--file",
-            &s.file,
-            "--id",
-            "zz",
-            "--paid-seconds-per-day",
-            "100",
-        ],
-        "",
-    );
+    let (code, _, _) = limit(&s, "zz", "100");
     assert_eq!(code, 1);
 }
 

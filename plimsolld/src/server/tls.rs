@@ -1,66 +1,6 @@
 //! TLS for every listener when `PLIMSOLL_TLS_CERT` and `PLIMSOLL_TLS_KEY` are
 //! set: rustls, TLS 1.2 minimum, ALPN `h2` then `http/1.1`, no client
-//! certificates.
+//! certificates. The guard's listener loads its pair the same way, so the
+//! loading is the guard crate's, shared.
 
-use std::io::BufReader;
-use std::path::Path;
-use std::sync::Arc;
-
-use rustls::ServerConfig;
-use tokio_rustls::TlsAcceptor;
-
-/// Why the TLS configuration could not be loaded.
-#[derive(Debug, thiserror::Error)]
-pub enum TlsError {
-    /// A file could not be read.
-    #[error("invalid TLS configuration: cannot read {path}: {source}")]
-    Read {
-        /// The file.
-        path: String,
-        /// The cause.
-        source: std::io::Error,
-    },
-    /// The certificate file holds no certificate.
-    #[error("invalid TLS configuration: {0} holds no PEM certificate")]
-    NoCertificate(String),
-    /// The key file holds no private key.
-    #[error("invalid TLS configuration: {0} holds no PEM private key")]
-    NoKey(String),
-    /// rustls refused the pair.
-    #[error("invalid TLS configuration: {0}")]
-    Rustls(#[from] rustls::Error),
-}
-
-/// Loads the certificate chain and key into an acceptor.
-pub fn acceptor(cert: &Path, key: &Path) -> Result<TlsAcceptor, TlsError> {
-    let read = |p: &Path| {
-        std::fs::read(p).map_err(|source| TlsError::Read {
-            path: p.display().to_string(),
-            source,
-        })
-    };
-    let cert_pem = read(cert)?;
-    let key_pem = read(key)?;
-    let certs = rustls_pemfile::certs(&mut BufReader::new(cert_pem.as_slice()))
-        .collect::<Result<Vec<_>, _>>()
-        .map_err(|source| TlsError::Read {
-            path: cert.display().to_string(),
-            source,
-        })?;
-    if certs.is_empty() {
-        return Err(TlsError::NoCertificate(cert.display().to_string()));
-    }
-    let key_der = rustls_pemfile::private_key(&mut BufReader::new(key_pem.as_slice()))
-        .map_err(|source| TlsError::Read {
-            path: key.display().to_string(),
-            source,
-        })?
-        .ok_or_else(|| TlsError::NoKey(key.display().to_string()))?;
-    let provider = Arc::new(rustls::crypto::ring::default_provider());
-    let mut config = ServerConfig::builder_with_provider(provider)
-        .with_protocol_versions(&[&rustls::version::TLS13, &rustls::version::TLS12])?
-        .with_no_client_auth()
-        .with_single_cert(certs, key_der)?;
-    config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
-    Ok(TlsAcceptor::from(Arc::new(config)))
-}
+pub use guard::tls::{TlsError, acceptor};

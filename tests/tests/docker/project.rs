@@ -40,6 +40,20 @@ fn outcome(v: &Value) -> &str {
         .unwrap_or("PROJECT_OUTCOME_UNSPECIFIED")
 }
 
+fn artifacts(v: &Value) -> Vec<Value> {
+    v["project"]["artifacts"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default()
+}
+
+fn artifact_paths(artifacts: &[Value]) -> Vec<&str> {
+    artifacts
+        .iter()
+        .filter_map(|a| a["path"].as_str())
+        .collect()
+}
+
 pub(super) fn steps(v: &Value) -> Vec<Value> {
     v["project"]["steps"]
         .as_array()
@@ -83,10 +97,7 @@ fn the_golden_project_completes_with_its_artifact() {
     assert_eq!(steps[0]["command"], "node main.js > out.txt");
     assert_eq!(field(&steps[1], "stdout"), "42\n", "{v}");
     assert!(steps.iter().all(|s| exit_code(s) == 0), "{v}");
-    let artifacts = v["project"]["artifacts"]
-        .as_array()
-        .cloned()
-        .unwrap_or_default();
+    let artifacts = artifacts(&v);
     assert_eq!(artifacts.len(), 1, "{v}");
     assert_eq!(artifacts[0]["path"], "out.txt");
     assert_eq!(field(&artifacts[0], "content"), "42\n");
@@ -133,10 +144,7 @@ fn a_failing_middle_step_stops_the_plan_and_artifacts_still_come_back() {
     assert_eq!(steps.len(), 2, "the third step must not run: {v}");
     assert_eq!(exit_code(&steps[1]), 3);
     assert_eq!(field(&steps[1], "stderr"), "lint error\n");
-    let artifacts = v["project"]["artifacts"]
-        .as_array()
-        .cloned()
-        .unwrap_or_default();
+    let artifacts = artifacts(&v);
     assert_eq!(artifacts.len(), 1, "{v}");
     assert_eq!(field(&artifacts[0], "content"), "first\n");
 }
@@ -239,10 +247,7 @@ fn a_step_can_neither_open_nor_signal_the_runner_and_holds_no_capability() {
         "a step holds no capability: {out}"
     );
     assert_eq!(exit_code(&steps[1]), 0, "{v}");
-    let artifacts = v["project"]["artifacts"]
-        .as_array()
-        .cloned()
-        .unwrap_or_default();
+    let artifacts = artifacts(&v);
     assert_eq!(
         artifacts.len(),
         1,
@@ -264,14 +269,8 @@ fn a_symlink_artifact_pointing_outside_work_is_not_followed() {
     );
     let v = run_project(&d, &body);
     assert_eq!(outcome(&v), "PROJECT_OUTCOME_COMPLETED", "{v}");
-    let artifacts = v["project"]["artifacts"]
-        .as_array()
-        .cloned()
-        .unwrap_or_default();
-    let paths: Vec<&str> = artifacts
-        .iter()
-        .filter_map(|a| a["path"].as_str())
-        .collect();
+    let artifacts = artifacts(&v);
+    let paths = artifact_paths(&artifacts);
     assert_eq!(paths, ["real.txt"], "{v}");
     assert_eq!(field(&artifacts[0], "content"), "inside\n");
 }
@@ -304,14 +303,8 @@ fn artifacts_over_the_budget_are_dropped_with_the_flag() {
     let v = run_project(&d, &body);
     assert_eq!(outcome(&v), "PROJECT_OUTCOME_COMPLETED", "{v}");
     assert_eq!(v["project"]["artifactsTruncated"], true, "{v}");
-    let artifacts = v["project"]["artifacts"]
-        .as_array()
-        .cloned()
-        .unwrap_or_default();
-    let paths: Vec<&str> = artifacts
-        .iter()
-        .filter_map(|a| a["path"].as_str())
-        .collect();
+    let artifacts = artifacts(&v);
+    let paths = artifact_paths(&artifacts);
     assert_eq!(paths, ["small.txt"], "{v}");
 }
 
@@ -356,10 +349,7 @@ fn artifacts_up_to_the_budget_come_back_whole() {
     );
     // 8 MiB holds two of the three; the third would pass the budget.
     assert_eq!(v["project"]["artifactsTruncated"], true);
-    let artifacts = v["project"]["artifacts"]
-        .as_array()
-        .cloned()
-        .unwrap_or_default();
+    let artifacts = artifacts(&v);
     let sizes: Vec<usize> = artifacts
         .iter()
         .map(|a| {

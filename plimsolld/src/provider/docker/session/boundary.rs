@@ -25,8 +25,9 @@ use plimsoll::refusal::Refusal;
 pub(crate) const LISTER: &str = include_str!("lister.js");
 /// The sweep, run with `node -e` under the guard.
 pub(crate) const SWEEP: &str = include_str!("sweep.js");
-/// The hold on kept processes during a granted call, run with `node -e` under the guard.
-const HOLD: &str = include_str!("hold.js");
+/// The hold on kept processes during a granted call, run with `node -e` under the guard,
+/// after the identity check it shares with the cell ender.
+const HOLD: &str = concat!(include_str!("same.js"), include_str!("hold.js"));
 /// What the hold may print.
 const HOLD_OUTPUT_CAP: usize = 256;
 /// The sweep's and the lister's budget.

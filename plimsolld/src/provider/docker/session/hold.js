@@ -8,24 +8,13 @@
 //   each is stopped. Exit 0 only then; 1 otherwise.
 // cont: prints {"held":true|false}, whether every thread of each was still stopped, then
 //   sends SIGCONT to each. Exit 0.
-// Only stop's exit code is trusted; cont's line is for the log.
+// Only stop's exit code is trusted; cont's line is for the log. `same` comes from same.js,
+// put before this file.
 (function hold() {
   'use strict';
   const fs = require('fs');
   const WAIT_MS = 2000;
   const POLL_MS = 5;
-
-  function same(m) {
-    try {
-      const stat = fs.readFileSync(`/proc/${m[1]}/stat`, 'latin1');
-      let cmdline = fs.readFileSync(`/proc/${m[1]}/cmdline`);
-      if (cmdline.length > 0 && cmdline[cmdline.length - 1] === 0) cmdline = cmdline.subarray(0, cmdline.length - 1);
-      const fields = stat.slice(stat.lastIndexOf(')') + 2).split(' ');
-      return fields[0] !== 'Z' && fields[0] !== 'X' && fields[19] === m[2] && cmdline.toString('hex') === m[3];
-    } catch {
-      return false;
-    }
-  }
 
   // Whether every live thread of the process is stopped (a process that is gone holds nothing).
   function stopped(pid) {

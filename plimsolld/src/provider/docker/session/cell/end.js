@@ -5,25 +5,11 @@
 // It sends SIGKILL to each named process that is still the same process (same start time and
 // command line), so a recycled PID is never hit, then waits up to 2 s until each is gone (a
 // new interpreter's proof requires the old one to be gone). Best effort: the session's sweep is
-// what proves the call boundary.
+// what proves the call boundary. `same` comes from ../same.js, put before this file.
 (function end() {
   'use strict';
-  const fs = require('fs');
   const WAIT_MS = 2000;
   const POLL_MS = 10;
-
-  // Whether the process named by the match is still alive as that same process.
-  function same(m) {
-    try {
-      const stat = fs.readFileSync(`/proc/${m[1]}/stat`, 'latin1');
-      let cmdline = fs.readFileSync(`/proc/${m[1]}/cmdline`);
-      if (cmdline.length > 0 && cmdline[cmdline.length - 1] === 0) cmdline = cmdline.subarray(0, cmdline.length - 1);
-      const fields = stat.slice(stat.lastIndexOf(')') + 2).split(' ');
-      return fields[0] !== 'Z' && fields[0] !== 'X' && fields[19] === m[2] && cmdline.toString('hex') === m[3];
-    } catch {
-      return false;
-    }
-  }
 
   const targets = process.argv
     .slice(1)

@@ -31,8 +31,9 @@ pub const KERNEL_PY: &str = include_str!("kernel.py");
 pub const RELAY_JS: &str = include_str!("relay.js");
 /// The identity check, run as uid+1.
 pub const CHECK_JS: &str = include_str!("check.js");
-/// The ender, run as the guest uid by [`Interpreter::close`].
-pub const END_JS: &str = include_str!("end.js");
+/// The ender, run as the guest uid by [`Interpreter::close`], after the identity check it
+/// shares with the hold.
+pub const END_JS: &str = concat!(include_str!("../same.js"), include_str!("end.js"));
 
 /// The launcher's kernel directory variable.
 pub const ENV_INTERP_DIR: &str = "PLIMSOLL_INTERP_DIR";
