@@ -365,7 +365,7 @@ impl Config {
         }
         if self.sessions.enabled() && self.sessions.max_sessions >= self.limits.max_concurrent {
             warnings.push(format!(
-                "SANDBOX_MAX_SESSIONS={} is not below SANDBOX_MAX_CONCURRENT={}: every live session (paused ones included) holds a run slot, so sessions can take every slot",
+                "SANDBOX_MAX_SESSIONS={} is not below SANDBOX_MAX_CONCURRENT={}: every live session holds a run slot (on docker, paused ones too; a stopped openshell session gives its slot back), so sessions can take every slot",
                 self.sessions.max_sessions, self.limits.max_concurrent
             ));
         }
