@@ -355,8 +355,8 @@ threading.Thread(target=_poll, daemon=True).start()
 "#;
 
 /// Fails on main before the fix (the thread got 200 answers with alice's JWT during the
-/// granted call, which the broker charged to that call); passes after: the interpreter is
-/// held stopped while the grant is lent, the thread makes no request in that window, and
+/// granted call, which the broker charged to that call); passes after: under runc the
+/// interpreter is held stopped while the grant is lent (under runsc it is ended first), the thread makes no request in that window, and
 /// the broker's audit line for the call says it shared the sandbox with one process kept
 /// from earlier calls.
 #[test]
@@ -408,6 +408,12 @@ fn a_thread_planted_by_an_earlier_cell_never_uses_a_later_calls_grant() {
         "sess",
     );
     assert_eq!(out, "done\n");
+
+    if runsc() {
+        // Under gVisor the interpreter (and its thread) ended before the grant was lent.
+        assert_interpreters_ended(&d, &f, &id, "sess", 0);
+        return;
+    }
 
     // 3. The thread is back, and saw nothing but 503 (or nothing at all) meanwhile.
     std::thread::sleep(Duration::from_millis(300));
@@ -508,6 +514,8 @@ struct Woken {
     closed: Value,
     /// Whether plimsolld found the interpreter running again at the release.
     running_at_release: bool,
+    /// Whether the first cell after the call started a fresh interpreter.
+    fresh_after: bool,
 }
 
 /// Opens a Python session as alice, runs each of `cells` (the last one's stdout, trimmed,
@@ -551,8 +559,19 @@ fn woken_interpreter(f: &Fixture, d: &Daemon, cells: &[&str], granted: &str) -> 
     assert!(!polled.is_empty(), "the thread polls");
     let (out, _) = snippet_ran(d, &f.alice, &id, &granted.replace("PID", &last), "sess");
     std::thread::sleep(Duration::from_millis(300));
+    // A fresh interpreter (the old one ended before the grant was lent) has no `seen`.
+    let resp = session_run(
+        d,
+        &f.alice,
+        &id,
+        json!({ "cell": { "language": "python",
+                          "code": "import json\nprint(json.dumps(globals().get('seen', [])))" } }),
+    );
+    assert_eq!(resp.status, 200, "{resp}");
+    let after = resp.json()["run"]["cell"].clone();
+    let fresh_after = after["interpreterStarted"] == true;
     let seen: Vec<Value> =
-        serde_json::from_str(cell("print(json.dumps(seen))").trim()).expect("seen is JSON");
+        serde_json::from_str(field(&after, "stdout").trim()).expect("seen is JSON");
     let records = d.log_records();
     let closed: Vec<Value> = records
         .iter()
@@ -578,6 +597,7 @@ fn woken_interpreter(f: &Fixture, d: &Daemon, cells: &[&str], granted: &str) -> 
         out,
         closed: closed[0].clone(),
         running_at_release,
+        fresh_after,
     }
 }
 
@@ -635,32 +655,66 @@ fn assert_refused_as_outside(f: &Fixture, woken: &Woken) {
     );
 }
 
-/// Under runsc the peer of a session socket is gVisor's gofer, not the guest process: a
-/// woken interpreter's new connection cannot be told from the call's, and is served (the
-/// residue docs/security.md §7.3 states). What must hold: plimsolld saw the interpreter
-/// running again, and the call's audit line says it shared the sandbox and counts every
-/// answer the API gave.
-fn assert_marked_under_runsc(f: &Fixture, woken: &Woken) {
-    assert!(
-        woken.running_at_release,
-        "the interpreter did wake: {:?} {}",
-        woken.seen, woken.closed
-    );
+/// Under runsc the peer of a session socket is gVisor's gofer, not the guest process, so the
+/// broker could not tell a woken interpreter's connection from the call's: the session ends
+/// its interpreters before the grant is lent. What must hold: nothing was kept into the call
+/// (the audit line says 0), the API saw only the call's own request, and the next cell
+/// started a fresh interpreter, which says so.
+fn assert_ended_under_runsc(f: &Fixture, woken: &Woken) {
     let closed = &woken.closed;
-    assert_eq!(closed["kept_from_earlier_calls"], 1, "{closed}");
-    let forwarded = u64::try_from(f.api.requests().len()).unwrap_or(u64::MAX);
-    assert!(
-        closed["host_calls"].as_u64().unwrap_or(0) >= forwarded,
-        "{closed} {:?}",
-        targets(f)
+    // The audit line leaves the field out when nothing was kept.
+    assert_eq!(
+        closed["kept_from_earlier_calls"].as_u64().unwrap_or(0),
+        0,
+        "{closed}"
     );
+    assert_eq!(closed["host_calls"], 1, "{closed}");
+    assert!(woken.out.contains("own 200\n"), "{}", woken.out);
+    assert_eq!(targets(f), vec![get("/items/8")]);
+    assert!(
+        woken.fresh_after,
+        "the next cell starts a fresh interpreter"
+    );
+    assert!(woken.seen.is_empty(), "{:?}", woken.seen);
+}
+
+/// Under runsc, after a granted call of session `id` lent `profile`: its audit line kept
+/// nothing from earlier calls and counts `host_calls`, and the next cell starts a fresh
+/// interpreter (the one from before the call ended before the grant was lent).
+fn assert_interpreters_ended(d: &Daemon, f: &Fixture, id: &str, profile: &str, host_calls: u64) {
+    let closed: Vec<Value> = d
+        .log_records()
+        .iter()
+        .filter(|r| r["message"] == "grant run closed" && r["grant_profile"] == profile)
+        .cloned()
+        .collect();
+    assert_eq!(closed.len(), 1, "{closed:?}");
+    assert_eq!(
+        closed[0]["kept_from_earlier_calls"].as_u64().unwrap_or(0),
+        0,
+        "{}",
+        closed[0]
+    );
+    assert_eq!(closed[0]["host_calls"], host_calls, "{}", closed[0]);
+    let resp = session_run(
+        d,
+        &f.alice,
+        id,
+        json!({ "cell": { "language": "python",
+                          "code": "print(globals().get('seen') is None)" } }),
+    );
+    assert_eq!(resp.status, 200, "{resp}");
+    let cell = resp.json()["run"]["cell"].clone();
+    assert_eq!(cell["interpreterStarted"], true, "{cell}");
+    assert_eq!(field(&cell, "stdout"), "True\n", "{cell}");
 }
 
 /// Residue (b) of issue 12 item 4, on a connection opened before the call. Fails before the
 /// fix (the granted snippet's `SIGCONT` woke the interpreter, whose old keep-alive connection
-/// then got 200 answers with alice's JWT, charged to the call); passes after, under runc and
-/// runsc alike: a connection accepted before the grant was lent is refused while the call
-/// shares the sandbox with held processes, and the audit line counts the refusals. Also
+/// then got 200 answers with alice's JWT, charged to the call); passes after: under runc a
+/// connection accepted before the grant was lent is refused while the call shares the
+/// sandbox with held processes, and the audit line counts the refusals; under runsc the
+/// interpreter has ended before the lend, so there is nothing left to wake. Also
 /// shows that uid separation does not stop the call's own code from waking an interpreter
 /// (both run as the guest uid).
 #[test]
@@ -686,6 +740,10 @@ fn a_connection_opened_before_a_granted_call_is_refused_during_it() {
             );
             continue;
         }
+        if runsc() {
+            assert_ended_under_runsc(&f, &woken);
+            return;
+        }
         assert_eq!(
             woken.out, "woken\nown 200\ndone\n",
             "the call's code can SIGCONT it"
@@ -700,7 +758,7 @@ fn a_connection_opened_before_a_granted_call_is_refused_during_it() {
 /// thread, woken by the granted snippet's `SIGCONT`, got 200 answers on new connections);
 /// passes after under runc: the broker reads each peer's ancestry and refuses a process
 /// under the container's init (a kept interpreter), counting it on the audit line. Under
-/// runsc the gofer is the peer, and the test checks the marking only.
+/// runsc the interpreter has ended before the grant was lent: nothing is left to wake.
 #[test]
 fn a_held_interpreter_woken_by_the_granted_call_gets_no_answer() {
     if !docker_ready() {
@@ -711,22 +769,22 @@ fn a_held_interpreter_woken_by_the_granted_call_gets_no_answer() {
     let d = session_daemon(&f);
     let plant = format!("{PLANT}\nimport os, json\nprint(os.getpid())");
     let woken = woken_interpreter(&f, &d, &[&plant], WAKE_PID);
+    if runsc() {
+        assert_ended_under_runsc(&f, &woken);
+        return;
+    }
     assert!(
         woken.out.starts_with("woken\n"),
         "the call's code can SIGCONT it: {}",
         woken.out
     );
-    if runsc() {
-        assert_marked_under_runsc(&f, &woken);
-    } else {
-        assert_refused_as_outside(&f, &woken);
-    }
+    assert_refused_as_outside(&f, &woken);
 }
 
 /// Residue (a) of issue 12 item 4. Fails before the fix (a POSIX timer armed by the cell
 /// sends the interpreter SIGCONT during the later granted call, and the planted thread got
 /// 200 answers); passes after under runc: the woken thread's requests are refused as from
-/// outside the call. Under runsc, the marking only.
+/// outside the call. Under runsc, the interpreter has ended before the grant was lent.
 #[test]
 fn a_held_interpreter_woken_by_its_own_timer_gets_no_answer() {
     if !docker_ready() {
@@ -738,7 +796,7 @@ fn a_held_interpreter_woken_by_its_own_timer_gets_no_answer() {
     let plant = format!("{PLANT}\nimport json");
     let woken = woken_interpreter(&f, &d, &[&plant, ARM_SIGCONT_TIMER], OWN);
     if runsc() {
-        assert_marked_under_runsc(&f, &woken);
+        assert_ended_under_runsc(&f, &woken);
     } else {
         assert_refused_as_outside(&f, &woken);
     }

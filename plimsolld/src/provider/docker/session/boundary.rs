@@ -98,9 +98,10 @@ pub(in crate::provider::docker) async fn sweep(
     judge(engine, container, ran.map_err(|e| e.to_string())).await
 }
 
-/// The sweep before a project call (providers.md §9.3): a dirty result ends the session as
-/// [`sweep`] does, but a sweep docker could not even start refuses the call and keeps the
-/// session — nothing ran, and the next call's read-back and sweep decide again.
+/// The sweep before a project call (providers.md §9.3), or before a granted call under gVisor:
+/// a dirty result ends the session as [`sweep`] does, but a sweep docker could not even start
+/// refuses the call and keeps the session — nothing ran, and the next call's read-back and
+/// sweep decide again.
 pub(in crate::provider::docker) async fn quiesce(
     engine: &Engine,
     container: &str,
@@ -111,7 +112,7 @@ pub(in crate::provider::docker) async fn quiesce(
         Err(e) => {
             tracing::warn!(error = %e, "session quiesce could not run");
             Err(SessionFault::Refused(Refusal::Environment(
-                "the session could not be quiesced before the project call; nothing ran".into(),
+                "the session could not be quiesced before the call; nothing ran".into(),
             )))
         }
         ran => judge(engine, container, ran.map_err(|e| e.to_string())).await,

@@ -286,6 +286,17 @@ impl SessionSandbox for DockerSession {
 
     async fn hold_kept(&mut self) -> Result<u32, SessionFault> {
         self.forget_dead_interpreters().await;
+        if self.settings.runtime.is_runsc() {
+            // Under gVisor every connection to the session's socket has the sandbox's gofer as
+            // its peer, so the broker cannot tell a woken interpreter (the call's SIGCONT, its
+            // own timer) from the call. Holding is not enough there: the interpreters end
+            // before the grant is lent, and the next cell starts a fresh one and says so.
+            if self.end_interpreters().await {
+                boundary::quiesce(&self.engine, &self.id, &self.settings.user(), &self.keep)
+                    .await?;
+            }
+            return Ok(0);
+        }
         let ids = self.interpreter_process_ids();
         if ids.is_empty() {
             return Ok(0);
