@@ -618,14 +618,20 @@ async fn slow_bodies_hold_the_decode_slots_then_get_413_and_others_are_shed_mean
     let (_, third) = open_guarded(&broker, 30_000).await;
     let addr = guard.addr;
     let started = Instant::now();
-    let slow: Vec<_> = [first, second]
+    // Both slow bodies are under way before the first probe, so a probe cannot take a slot
+    // between them (that slow body would be shed, and nothing would hold the second slot).
+    let mut held = Vec::new();
+    for token in [first, second] {
+        held.push(
+            tokio::task::spawn_blocking(move || slow_body(addr, &token, 100, 10))
+                .await
+                .unwrap(),
+        );
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let slow: Vec<_> = held
         .into_iter()
-        .map(|token| {
-            tokio::task::spawn_blocking(move || {
-                let mut conn = slow_body(addr, &token, 100, 10);
-                conn.read_response(false).unwrap()
-            })
-        })
+        .map(|mut conn| tokio::task::spawn_blocking(move || conn.read_response(false).unwrap()))
         .collect();
     // While both slots are held, a third run's call is shed at once.
     let deadline = Instant::now() + WAIT;
