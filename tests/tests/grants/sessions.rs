@@ -427,13 +427,7 @@ fn a_thread_planted_by_an_earlier_cell_never_uses_a_later_calls_grant() {
 
     // 4. The broker's audit line for that call marks the shared sandbox and charges it
     // nothing.
-    let closed: Vec<Value> = d
-        .log_records()
-        .iter()
-        .filter(|r| r["message"] == "grant run closed" && r["grant_profile"] == "sess")
-        .cloned()
-        .collect();
-    assert_eq!(closed.len(), 1, "{closed:?}");
+    let closed = closed_lines(&d.log_records(), "sess");
     assert_eq!(closed[0]["host_calls"], 0, "{}", closed[0]);
     assert_eq!(closed[0]["kept_from_earlier_calls"], 1, "{}", closed[0]);
     let resp = call(
@@ -573,12 +567,7 @@ fn woken_interpreter(f: &Fixture, d: &Daemon, cells: &[&str], granted: &str) -> 
     let seen: Vec<Value> =
         serde_json::from_str(field(&after, "stdout").trim()).expect("seen is JSON");
     let records = d.log_records();
-    let closed: Vec<Value> = records
-        .iter()
-        .filter(|r| r["message"] == "grant run closed" && r["grant_profile"] == "sess")
-        .cloned()
-        .collect();
-    assert_eq!(closed.len(), 1, "{closed:?}");
+    let closed = closed_lines(&records, "sess");
     // plimsolld's own lines carry `msg` (the broker's, `message`).
     let running_at_release = records.iter().any(|r| {
         r["msg"]
@@ -678,17 +667,22 @@ fn assert_ended_under_runsc(f: &Fixture, woken: &Woken) {
     assert!(woken.seen.is_empty(), "{:?}", woken.seen);
 }
 
-/// Under runsc, after a granted call of session `id` lent `profile`: its audit line kept
-/// nothing from earlier calls and counts `host_calls`, and the next cell starts a fresh
-/// interpreter (the one from before the call ended before the grant was lent).
-fn assert_interpreters_ended(d: &Daemon, f: &Fixture, id: &str, profile: &str, host_calls: u64) {
-    let closed: Vec<Value> = d
-        .log_records()
+/// The broker's `grant run closed` lines for calls lent `profile`, asserting there is one.
+fn closed_lines(records: &[Value], profile: &str) -> Vec<Value> {
+    let closed: Vec<Value> = records
         .iter()
         .filter(|r| r["message"] == "grant run closed" && r["grant_profile"] == profile)
         .cloned()
         .collect();
     assert_eq!(closed.len(), 1, "{closed:?}");
+    closed
+}
+
+/// Under runsc, after a granted call of session `id` lent `profile`: its audit line kept
+/// nothing from earlier calls and counts `host_calls`, and the next cell starts a fresh
+/// interpreter (the one from before the call ended before the grant was lent).
+fn assert_interpreters_ended(d: &Daemon, f: &Fixture, id: &str, profile: &str, host_calls: u64) {
+    let closed = closed_lines(&d.log_records(), profile);
     assert_eq!(
         closed[0]["kept_from_earlier_calls"].as_u64().unwrap_or(0),
         0,
