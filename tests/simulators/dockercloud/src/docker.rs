@@ -1,5 +1,5 @@
 //! The compute side: each sandbox is one local container, driven through the Docker Engine
-//! API (bollard over the local Unix socket), every call under its own time budget.
+//! API with the calls every simulator shares ([`sim_support::docker`]).
 //!
 //! A sandbox container is locked down: no network at all (the account's deny-all egress;
 //! the guard's one destination is a forwarder, see [`crate::egress`]), a read-only root
@@ -7,78 +7,21 @@
 //! the requested memory and CPUs, and `--init` so orphans are reaped.
 
 use std::collections::HashMap;
-use std::future::Future;
 use std::path::Path;
-use std::pin::Pin;
-use std::time::Duration;
 
 use bollard::container::LogOutput;
-use bollard::exec::{CreateExecOptions, StartExecOptions, StartExecResults};
 use bollard::models::{ContainerCreateBody, HostConfig};
-use bollard::query_parameters::{
-    CreateContainerOptions, ListContainersOptions, RemoveContainerOptions, StopContainerOptions,
+use bollard::query_parameters::CreateContainerOptions;
+use futures::StreamExt;
+use sim_support::docker::{Engine, QUICK, bounded};
+use tokio::io::AsyncWriteExt;
+
+pub use sim_support::docker::{
+    Attached, Command, DockerError, Input, LABEL_INSTANCE, LABEL_SIMULATOR, Output,
 };
-use futures::{Stream, StreamExt};
-use tokio::io::{AsyncWrite, AsyncWriteExt};
 
-/// Label on every container the simulator makes.
-pub const LABEL_SIMULATOR: &str = "io.plimsoll.simulator";
-/// Its value for this simulator.
+/// This simulator's value of [`LABEL_SIMULATOR`].
 pub const LABEL_SIMULATOR_VALUE: &str = "dockercloud";
-/// Which simulator process made the container.
-pub const LABEL_INSTANCE: &str = "io.plimsoll.simulator.instance";
-
-const QUICK: Duration = Duration::from_secs(10);
-const START: Duration = Duration::from_secs(60);
-const FRAME_CAPACITY: usize = 64 * 1024;
-
-#[derive(Debug, thiserror::Error)]
-pub enum DockerError {
-    #[error("connecting to docker at {socket}: {source}")]
-    Connect {
-        socket: String,
-        source: Box<bollard::errors::Error>,
-    },
-    #[error("docker {call}: {source}")]
-    Api {
-        call: &'static str,
-        source: Box<bollard::errors::Error>,
-    },
-    #[error("docker {call} did not answer within {budget:?}")]
-    Timeout {
-        call: &'static str,
-        budget: Duration,
-    },
-    #[error("docker {0}: the exec was not attached")]
-    NotAttached(&'static str),
-    #[error("writing an exec's standard input: {0}")]
-    Stdin(std::io::Error),
-}
-
-async fn bounded<T>(
-    call: &'static str,
-    budget: Duration,
-    fut: impl Future<Output = Result<T, bollard::errors::Error>>,
-) -> Result<T, DockerError> {
-    match tokio::time::timeout(budget, fut).await {
-        Ok(Ok(value)) => Ok(value),
-        Ok(Err(source)) => Err(DockerError::Api {
-            call,
-            source: Box::new(source),
-        }),
-        Err(_) => Err(DockerError::Timeout { call, budget }),
-    }
-}
-
-pub type Output = Pin<Box<dyn Stream<Item = Result<LogOutput, bollard::errors::Error>> + Send>>;
-pub type Input = Pin<Box<dyn AsyncWrite + Send>>;
-
-/// An attached exec: its id, its stdin and its output.
-pub struct Attached {
-    pub id: String,
-    pub input: Input,
-    pub output: Output,
-}
 
 /// What a finished exec left: its exit code and output (each stream kept up to a cap).
 #[derive(Debug, Default)]
@@ -88,27 +31,6 @@ pub struct Captured {
     pub stderr: Vec<u8>,
     /// Some output was discarded at the cap.
     pub incomplete: bool,
-}
-
-/// A command to run in a sandbox.
-#[derive(Debug, Clone)]
-pub struct Command {
-    pub argv: Vec<String>,
-    pub user: String,
-    pub working_dir: Option<String>,
-    /// `KEY=value` pairs added to its environment.
-    pub env: Vec<String>,
-}
-
-impl Command {
-    pub fn new(argv: Vec<String>, user: &str) -> Command {
-        Command {
-            argv,
-            user: user.to_owned(),
-            working_dir: None,
-            env: Vec::new(),
-        }
-    }
 }
 
 /// What a sandbox container is made from.
@@ -129,37 +51,41 @@ pub struct ContainerPlan {
     pub extra_hosts: Vec<String>,
 }
 
+/// The engine, plus what this simulator does its own way: its containers and its
+/// captured runs.
 #[derive(Debug, Clone)]
 pub struct Docker {
-    api: bollard::Docker,
+    engine: Engine,
+}
+
+impl std::ops::Deref for Docker {
+    type Target = Engine;
+
+    fn deref(&self) -> &Engine {
+        &self.engine
+    }
 }
 
 impl Docker {
     pub async fn connect(socket: &Path) -> Result<Docker, DockerError> {
-        let path = socket.to_string_lossy().into_owned();
-        let min = bollard::ClientVersion {
-            major_version: 1,
-            minor_version: 41,
-        };
-        let api = bollard::Docker::connect_with_unix(&path, 120, &min).map_err(|source| {
-            DockerError::Connect {
-                socket: path.clone(),
-                source: Box::new(source),
-            }
-        })?;
-        let api = bounded("version negotiation", QUICK, api.negotiate_version()).await?;
-        Ok(Docker { api })
+        Ok(Docker {
+            engine: Engine::connect(socket).await?,
+        })
     }
 
     /// The runtimes docker lists.
     pub async fn runtimes(&self) -> Result<Vec<String>, DockerError> {
-        let info = bounded("info", QUICK, self.api.info()).await?;
-        Ok(info.runtimes.unwrap_or_default().into_keys().collect())
+        Ok(self.engine.runtimes_and_version().await?.0)
     }
 
     /// A local image's id (`sha256:…`).
     pub async fn image_id(&self, image: &str) -> Result<String, DockerError> {
-        let inspected = bounded("image inspect", QUICK, self.api.inspect_image(image)).await?;
+        let inspected = bounded(
+            "image inspect",
+            QUICK,
+            self.engine.api().inspect_image(image),
+        )
+        .await?;
         Ok(inspected.id.unwrap_or_default())
     }
 
@@ -199,116 +125,10 @@ impl Docker {
         let created = bounded(
             "container create",
             QUICK,
-            self.api.create_container(Some(options), body),
+            self.engine.api().create_container(Some(options), body),
         )
         .await?;
         Ok(created.id)
-    }
-
-    pub async fn start(&self, id: &str) -> Result<(), DockerError> {
-        bounded("container start", START, self.api.start_container(id, None)).await
-    }
-
-    /// Ends every process of the container at once (files stay).
-    pub async fn stop(&self, id: &str) -> Result<(), DockerError> {
-        let options = StopContainerOptions {
-            t: Some(0),
-            signal: None,
-        };
-        bounded(
-            "container stop",
-            START,
-            self.api.stop_container(id, Some(options)),
-        )
-        .await
-    }
-
-    pub async fn remove(&self, id: &str) -> Result<(), DockerError> {
-        let options = RemoveContainerOptions {
-            force: true,
-            v: true,
-            link: false,
-        };
-        bounded(
-            "container remove",
-            START,
-            self.api.remove_container(id, Some(options)),
-        )
-        .await
-    }
-
-    /// Whether the container is running now.
-    pub async fn running(&self, id: &str) -> bool {
-        match bounded(
-            "container inspect",
-            QUICK,
-            self.api.inspect_container(id, None),
-        )
-        .await
-        {
-            Ok(inspected) => inspected.state.and_then(|s| s.running).unwrap_or(false),
-            Err(_) => false,
-        }
-    }
-
-    /// Ids of every container carrying `label` (running or not).
-    pub async fn list_labelled(&self, label: &str) -> Result<Vec<String>, DockerError> {
-        let options = ListContainersOptions {
-            all: true,
-            filters: Some(HashMap::from([(
-                "label".to_owned(),
-                vec![label.to_owned()],
-            )])),
-            ..Default::default()
-        };
-        let found = bounded(
-            "container list",
-            QUICK,
-            self.api.list_containers(Some(options)),
-        )
-        .await?;
-        Ok(found.into_iter().filter_map(|c| c.id).collect())
-    }
-
-    /// Starts a command in the container, with stdin, stdout and stderr attached.
-    pub async fn exec(&self, container: &str, command: Command) -> Result<Attached, DockerError> {
-        let options = CreateExecOptions {
-            attach_stdin: Some(true),
-            attach_stdout: Some(true),
-            attach_stderr: Some(true),
-            tty: Some(false),
-            env: Some(command.env),
-            cmd: Some(command.argv),
-            user: Some(command.user),
-            working_dir: command.working_dir,
-            privileged: Some(false),
-            ..Default::default()
-        };
-        let created = bounded(
-            "exec create",
-            QUICK,
-            self.api.create_exec(container, options),
-        )
-        .await?;
-        let start = StartExecOptions {
-            detach: false,
-            tty: false,
-            output_capacity: Some(FRAME_CAPACITY),
-        };
-        match bounded(
-            "exec start",
-            START,
-            self.api.start_exec(&created.id, Some(start)),
-        )
-        .await?
-        {
-            StartExecResults::Attached { output, input } => Ok(Attached {
-                id: created.id,
-                input,
-                output,
-            }),
-            StartExecResults::Detached => Err(DockerError::NotAttached("exec start")),
-        }
     }
 
     /// Runs `argv` to completion with `stdin` as its whole input, keeping at most `cap`
@@ -321,7 +141,7 @@ impl Docker {
         stdin: &[u8],
         cap: usize,
     ) -> Result<Captured, DockerError> {
-        let attached = self.exec(container, command).await?;
+        let attached = self.engine.exec(container, command).await?;
         let mut input = attached.input;
         let feed = async {
             let written = input.write_all(stdin).await;
@@ -360,19 +180,7 @@ impl Docker {
         {
             return Err(DockerError::Stdin(e));
         }
-        captured.exit_code = self.exec_exit(&attached.id).await?.unwrap_or(-1);
+        captured.exit_code = self.engine.exec_exit(&attached.id).await?.unwrap_or(-1);
         Ok(captured)
-    }
-
-    /// The exec's exit code, once docker has recorded it (`None` while it still runs).
-    pub async fn exec_exit(&self, id: &str) -> Result<Option<i64>, DockerError> {
-        for _ in 0..250 {
-            let inspected = bounded("exec inspect", QUICK, self.api.inspect_exec(id)).await?;
-            if inspected.running != Some(true) {
-                return Ok(inspected.exit_code);
-            }
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-        Ok(None)
     }
 }

@@ -148,9 +148,10 @@ pub async fn run_exec(
             container,
             Command {
                 argv: request.cmd,
-                user,
+                user: Some(user),
                 working_dir: request.working_dir,
                 env: request.env,
+                tty: false,
             },
             &[],
             EXEC_CAPTURE,

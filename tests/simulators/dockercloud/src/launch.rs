@@ -11,16 +11,14 @@
 //! # }
 //! ```
 //!
-//! The simulator runs as a child process with `--exit-on-stdin-eof`: dropping the
-//! [`Simulator`] closes its stdin and waits for it to remove its containers (and a test
-//! process that dies closes the pipe too).
+//! Dropping the [`Simulator`] stops it and lets it remove its containers
+//! ([`sim_support::launch::Process`]).
 
-use std::io::{BufRead, BufReader, Read};
-use std::path::{Path, PathBuf};
-use std::process::{Child, ChildStdin, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::path::PathBuf;
 
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use sim_support::launch::{Process, admin, built_binary};
+
+pub use sim_support::launch::LaunchError;
 
 use crate::faults::Faults;
 use crate::server::Ready;
@@ -69,146 +67,38 @@ impl LaunchOptions {
     }
 }
 
-/// `<target>/debug/dockercloud-simulator`, where `<target>` is `$CARGO_TARGET_DIR` or the
-/// workspace's `target/`. It must have been built (`cargo build --workspace`).
+/// The built `dockercloud-simulator` (see [`built_binary`]).
 pub fn binary() -> PathBuf {
-    let target = std::env::var_os("CARGO_TARGET_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../../../target"));
-    target.join("debug").join("dockercloud-simulator")
-}
-
-#[derive(Debug, thiserror::Error)]
-pub enum LaunchError {
-    #[error("starting {path}: {source}")]
-    Spawn {
-        path: PathBuf,
-        source: std::io::Error,
-    },
-    #[error("the simulator exited before it was ready: {0}")]
-    NotReady(String),
-    #[error("admin call {what}: {why}")]
-    Admin { what: String, why: String },
+    built_binary(env!("CARGO_MANIFEST_DIR"), "dockercloud-simulator")
 }
 
 /// A running simulator; dropping it stops it (and removes its containers).
 pub struct Simulator {
-    child: Child,
-    stdin: Option<ChildStdin>,
+    _process: Process,
     pub ready: Ready,
 }
 
 impl Simulator {
     /// Starts the simulator and waits (at most 60 s) for its ready line.
     pub fn start(options: LaunchOptions) -> Result<Simulator, LaunchError> {
-        let mut child = Command::new(&options.binary)
-            .args(["--runtime", &options.runtime, "--exit-on-stdin-eof"])
-            .args(&options.extra_args)
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .map_err(|source| LaunchError::Spawn {
-                path: options.binary.clone(),
-                source,
-            })?;
-        let stdin = child.stdin.take();
-        let stdout = child.stdout.take();
-        let (tx, rx) = std::sync::mpsc::channel();
-        std::thread::spawn(move || {
-            let Some(stdout) = stdout else { return };
-            let mut reader = BufReader::new(stdout);
-            let mut line = String::new();
-            let _ = tx.send(reader.read_line(&mut line).map(|_| line));
-            // Keep draining so the child never blocks on a full pipe.
-            let mut sink = Vec::new();
-            let _ = reader.read_to_end(&mut sink);
-        });
-        let line = match rx.recv_timeout(Duration::from_secs(60)) {
-            Ok(Ok(line)) if !line.trim().is_empty() => line,
-            other => {
-                let _ = child.kill();
-                let _ = child.wait();
-                return Err(LaunchError::NotReady(format!("{other:?}")));
-            }
-        };
-        let ready = match serde_json::from_str(&line) {
-            Ok(ready) => ready,
-            Err(e) => {
-                let _ = child.kill();
-                let _ = child.wait();
-                return Err(LaunchError::NotReady(format!("{e}: {line}")));
-            }
-        };
+        let args: Vec<_> = options.extra_args.iter().map(Into::into).collect();
+        let (process, ready) = Process::start(&options.binary, &options.runtime, &args)?;
         Ok(Simulator {
-            child,
-            stdin,
+            _process: process,
             ready,
         })
-    }
-
-    async fn admin(
-        &self,
-        method: &str,
-        path: &str,
-        body: &str,
-    ) -> Result<serde_json::Value, LaunchError> {
-        let what = format!("{method} {path}");
-        let fail = |why: String| LaunchError::Admin {
-            what: what.clone(),
-            why,
-        };
-        let addr = self.ready.admin_url.trim_start_matches("http://");
-        let mut stream = tokio::net::TcpStream::connect(addr)
-            .await
-            .map_err(|e| fail(e.to_string()))?;
-        let request = format!(
-            "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
-            body.len()
-        );
-        stream
-            .write_all(request.as_bytes())
-            .await
-            .map_err(|e| fail(e.to_string()))?;
-        let mut answer = Vec::new();
-        tokio::time::timeout(Duration::from_secs(30), stream.read_to_end(&mut answer))
-            .await
-            .map_err(|_| fail("no answer within 30 s".into()))?
-            .map_err(|e| fail(e.to_string()))?;
-        let text = String::from_utf8_lossy(&answer);
-        let (head, body) = text
-            .split_once("\r\n\r\n")
-            .ok_or_else(|| fail(format!("bad answer: {text}")))?;
-        if !head.starts_with("HTTP/1.1 200") {
-            return Err(fail(format!("{head}: {body}")));
-        }
-        serde_json::from_str(body).map_err(|e| fail(format!("{e}: {body}")))
     }
 
     /// Replaces the fault set.
     pub async fn set_faults(&self, faults: &Faults) -> Result<(), LaunchError> {
         let body = serde_json::to_string(faults).unwrap_or_default();
-        self.admin("PUT", "/faults", &body).await.map(drop)
+        admin(&self.ready.admin_url, "PUT", "/faults", &body)
+            .await
+            .map(drop)
     }
 
     /// Every sandbox (id, name, status, container, policy, forwarder) and counts.
     pub async fn state(&self) -> Result<serde_json::Value, LaunchError> {
-        self.admin("GET", "/state", "").await
-    }
-}
-
-impl Drop for Simulator {
-    fn drop(&mut self) {
-        // End of stdin asks it to stop and clean up; give it time to remove containers.
-        drop(self.stdin.take());
-        let deadline = Instant::now() + Duration::from_secs(60);
-        while Instant::now() < deadline {
-            if let Ok(Some(_)) = self.child.try_wait() {
-                return;
-            }
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+        admin(&self.ready.admin_url, "GET", "/state", "").await
     }
 }

@@ -1,5 +1,5 @@
 //! The compute side: each sandbox is one local container, driven through the Docker Engine
-//! API (bollard over the local Unix socket), every call under its own time budget.
+//! API with the calls every simulator shares ([`sim_support::docker`]).
 //!
 //! A sandbox container is locked down: no network at all (loopback only: the gateway's
 //! deny-all egress), a read-only root with volumes where the policy allows writes (and no
@@ -8,77 +8,19 @@
 //! limits, and `--init` so orphans are reaped the way OpenShell's supervisor reaps them.
 
 use std::collections::HashMap;
-use std::future::Future;
 use std::path::Path;
-use std::pin::Pin;
-use std::time::Duration;
 
-use bollard::container::LogOutput;
-use bollard::exec::{CreateExecOptions, StartExecOptions, StartExecResults};
 use bollard::models::{ContainerCreateBody, HostConfig};
-use bollard::query_parameters::{
-    CreateContainerOptions, KillContainerOptions, ListContainersOptions, RemoveContainerOptions,
-    StopContainerOptions, WaitContainerOptions,
+use bollard::query_parameters::CreateContainerOptions;
+use futures::StreamExt;
+use sim_support::docker::{Command, Engine, QUICK, bounded};
+
+pub use sim_support::docker::{
+    Attached, DockerError, Input, LABEL_INSTANCE, LABEL_SIMULATOR, Output,
 };
-use futures::{Stream, StreamExt};
-use tokio::io::AsyncWrite;
 
-/// Label on every container the simulator makes.
-pub const LABEL_SIMULATOR: &str = "io.plimsoll.simulator";
-/// Its value for this simulator.
+/// This simulator's value of [`LABEL_SIMULATOR`].
 pub const LABEL_SIMULATOR_VALUE: &str = "openshell";
-/// Which simulator process made the container.
-pub const LABEL_INSTANCE: &str = "io.plimsoll.simulator.instance";
-
-const QUICK: Duration = Duration::from_secs(10);
-const START: Duration = Duration::from_secs(30);
-const FRAME_CAPACITY: usize = 64 * 1024;
-
-#[derive(Debug, thiserror::Error)]
-pub enum DockerError {
-    #[error("connecting to docker at {socket}: {source}")]
-    Connect {
-        socket: String,
-        source: Box<bollard::errors::Error>,
-    },
-    #[error("docker {call}: {source}")]
-    Api {
-        call: &'static str,
-        source: Box<bollard::errors::Error>,
-    },
-    #[error("docker {call} did not answer within {budget:?}")]
-    Timeout {
-        call: &'static str,
-        budget: Duration,
-    },
-    #[error("docker {0}: the exec was not attached")]
-    NotAttached(&'static str),
-}
-
-async fn bounded<T>(
-    call: &'static str,
-    budget: Duration,
-    fut: impl Future<Output = Result<T, bollard::errors::Error>>,
-) -> Result<T, DockerError> {
-    match tokio::time::timeout(budget, fut).await {
-        Ok(Ok(value)) => Ok(value),
-        Ok(Err(source)) => Err(DockerError::Api {
-            call,
-            source: Box::new(source),
-        }),
-        Err(_) => Err(DockerError::Timeout { call, budget }),
-    }
-}
-
-pub type Output = Pin<Box<dyn Stream<Item = Result<LogOutput, bollard::errors::Error>> + Send>>;
-pub type Input = Pin<Box<dyn AsyncWrite + Send>>;
-
-/// An attached exec: its id, its stdin and its output.
-pub struct Attached {
-    pub id: String,
-    pub input: Input,
-    pub output: Output,
-}
 
 /// What a sandbox container is made from.
 #[derive(Debug, Clone)]
@@ -101,33 +43,25 @@ pub struct ContainerPlan {
     pub runtime: String,
 }
 
+/// The engine, plus what this simulator does its own way: its containers and its execs.
 #[derive(Debug, Clone)]
 pub struct Docker {
-    api: bollard::Docker,
+    engine: Engine,
+}
+
+impl std::ops::Deref for Docker {
+    type Target = Engine;
+
+    fn deref(&self) -> &Engine {
+        &self.engine
+    }
 }
 
 impl Docker {
     pub async fn connect(socket: &Path) -> Result<Docker, DockerError> {
-        let path = socket.to_string_lossy().into_owned();
-        let min = bollard::ClientVersion {
-            major_version: 1,
-            minor_version: 41,
-        };
-        let api = bollard::Docker::connect_with_unix(&path, 120, &min).map_err(|source| {
-            DockerError::Connect {
-                socket: path.clone(),
-                source: Box::new(source),
-            }
-        })?;
-        let api = bounded("version negotiation", QUICK, api.negotiate_version()).await?;
-        Ok(Docker { api })
-    }
-
-    /// The runtimes docker lists, and its server version.
-    pub async fn runtimes_and_version(&self) -> Result<(Vec<String>, String), DockerError> {
-        let info = bounded("info", QUICK, self.api.info()).await?;
-        let runtimes = info.runtimes.unwrap_or_default().into_keys().collect();
-        Ok((runtimes, info.server_version.unwrap_or_default()))
+        Ok(Docker {
+            engine: Engine::connect(socket).await?,
+        })
     }
 
     pub async fn create(&self, plan: &ContainerPlan) -> Result<String, DockerError> {
@@ -168,104 +102,13 @@ impl Docker {
         let created = bounded(
             "container create",
             QUICK,
-            self.api.create_container(Some(options), body),
+            self.engine.api().create_container(Some(options), body),
         )
         .await?;
         Ok(created.id)
     }
 
-    pub async fn start(&self, id: &str) -> Result<(), DockerError> {
-        bounded("container start", START, self.api.start_container(id, None)).await
-    }
-
-    /// Ends every process of the container at once (files stay).
-    pub async fn stop(&self, id: &str) -> Result<(), DockerError> {
-        let options = StopContainerOptions {
-            t: Some(0),
-            signal: None,
-        };
-        bounded(
-            "container stop",
-            START,
-            self.api.stop_container(id, Some(options)),
-        )
-        .await
-    }
-
-    pub async fn kill(&self, id: &str) -> Result<(), DockerError> {
-        let options = KillContainerOptions {
-            signal: "KILL".into(),
-        };
-        bounded(
-            "container kill",
-            QUICK,
-            self.api.kill_container(id, Some(options)),
-        )
-        .await
-    }
-
-    pub async fn remove(&self, id: &str) -> Result<(), DockerError> {
-        let options = RemoveContainerOptions {
-            force: true,
-            v: true,
-            link: false,
-        };
-        bounded(
-            "container remove",
-            START,
-            self.api.remove_container(id, Some(options)),
-        )
-        .await
-    }
-
-    /// Waits (without a budget: the caller owns the task) until the container stops;
-    /// answers its exit code.
-    pub async fn wait_exit(&self, id: &str) -> Option<i64> {
-        let options = WaitContainerOptions {
-            condition: "not-running".into(),
-        };
-        let mut stream = self.api.wait_container(id, Some(options));
-        match stream.next().await {
-            Some(Ok(answer)) => Some(answer.status_code),
-            Some(Err(bollard::errors::Error::DockerContainerWaitError { code, .. })) => Some(code),
-            _ => None,
-        }
-    }
-
-    /// Whether the container is running now.
-    pub async fn running(&self, id: &str) -> bool {
-        match bounded(
-            "container inspect",
-            QUICK,
-            self.api.inspect_container(id, None),
-        )
-        .await
-        {
-            Ok(inspected) => inspected.state.and_then(|s| s.running).unwrap_or(false),
-            Err(_) => false,
-        }
-    }
-
-    /// Ids of every container carrying `label` (running or not).
-    pub async fn list_labelled(&self, label: &str) -> Result<Vec<String>, DockerError> {
-        let options = ListContainersOptions {
-            all: true,
-            filters: Some(HashMap::from([(
-                "label".to_owned(),
-                vec![label.to_owned()],
-            )])),
-            ..Default::default()
-        };
-        let found = bounded(
-            "container list",
-            QUICK,
-            self.api.list_containers(Some(options)),
-        )
-        .await?;
-        Ok(found.into_iter().filter_map(|c| c.id).collect())
-    }
-
-    /// Starts `argv` in the container with stdin, stdout and stderr attached.
+    /// Starts `argv` in the container (as its user) with stdin, stdout and stderr attached.
     pub async fn exec(
         &self,
         container: &str,
@@ -273,53 +116,13 @@ impl Docker {
         env: Vec<String>,
         tty: bool,
     ) -> Result<Attached, DockerError> {
-        let options = CreateExecOptions {
-            attach_stdin: Some(true),
-            attach_stdout: Some(true),
-            attach_stderr: Some(true),
-            tty: Some(tty),
-            env: Some(env),
-            cmd: Some(argv),
-            privileged: Some(false),
-            ..Default::default()
-        };
-        let created = bounded(
-            "exec create",
-            QUICK,
-            self.api.create_exec(container, options),
-        )
-        .await?;
-        let start = StartExecOptions {
-            detach: false,
+        let command = Command {
+            argv,
+            env,
             tty,
-            output_capacity: Some(FRAME_CAPACITY),
+            ..Command::default()
         };
-        match bounded(
-            "exec start",
-            START,
-            self.api.start_exec(&created.id, Some(start)),
-        )
-        .await?
-        {
-            StartExecResults::Attached { output, input } => Ok(Attached {
-                id: created.id,
-                input,
-                output,
-            }),
-            StartExecResults::Detached => Err(DockerError::NotAttached("exec start")),
-        }
-    }
-
-    /// The exec's exit code, once docker has recorded it (`None` while it still runs).
-    pub async fn exec_exit(&self, id: &str) -> Result<Option<i64>, DockerError> {
-        for _ in 0..100 {
-            let inspected = bounded("exec inspect", QUICK, self.api.inspect_exec(id)).await?;
-            if inspected.running != Some(true) {
-                return Ok(inspected.exit_code);
-            }
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-        Ok(None)
+        self.engine.exec(container, command).await
     }
 
     /// Runs a short command in the container and waits for it (output discarded).

@@ -1,0 +1,283 @@
+//! A simulated sandbox's container, driven through the Docker Engine API (bollard over the
+//! local Unix socket), every call under its own time budget. Each simulator builds its own
+//! container (its vendor decides the lockdown) with [`Engine::api`] and [`bounded`]; the
+//! calls every simulator makes the same way live here.
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::path::Path;
+use std::pin::Pin;
+use std::time::Duration;
+
+use bollard::container::LogOutput;
+use bollard::exec::{CreateExecOptions, StartExecOptions, StartExecResults};
+use bollard::query_parameters::{
+    KillContainerOptions, ListContainersOptions, RemoveContainerOptions, StopContainerOptions,
+    WaitContainerOptions,
+};
+use futures::{Stream, StreamExt};
+use tokio::io::AsyncWrite;
+
+/// Label on every container a simulator makes; its value names the simulator.
+pub const LABEL_SIMULATOR: &str = "io.plimsoll.simulator";
+/// Which simulator process made the container.
+pub const LABEL_INSTANCE: &str = "io.plimsoll.simulator.instance";
+
+/// Budget of a call that only reads or changes engine state.
+pub const QUICK: Duration = Duration::from_secs(10);
+/// Budget of a call that starts, stops or removes processes.
+pub const START: Duration = Duration::from_secs(60);
+const FRAME_CAPACITY: usize = 64 * 1024;
+/// How long an exec's exit code is waited for once its output has ended.
+const EXIT_POLLS: u32 = 250;
+
+#[derive(Debug, thiserror::Error)]
+pub enum DockerError {
+    #[error("connecting to docker at {socket}: {source}")]
+    Connect {
+        socket: String,
+        source: Box<bollard::errors::Error>,
+    },
+    #[error("docker {call}: {source}")]
+    Api {
+        call: &'static str,
+        source: Box<bollard::errors::Error>,
+    },
+    #[error("docker {call} did not answer within {budget:?}")]
+    Timeout {
+        call: &'static str,
+        budget: Duration,
+    },
+    #[error("docker {0}: the exec was not attached")]
+    NotAttached(&'static str),
+    #[error("writing an exec's standard input: {0}")]
+    Stdin(std::io::Error),
+}
+
+/// Runs one engine call under `budget`.
+pub async fn bounded<T>(
+    call: &'static str,
+    budget: Duration,
+    fut: impl Future<Output = Result<T, bollard::errors::Error>>,
+) -> Result<T, DockerError> {
+    match tokio::time::timeout(budget, fut).await {
+        Ok(Ok(value)) => Ok(value),
+        Ok(Err(source)) => Err(DockerError::Api {
+            call,
+            source: Box::new(source),
+        }),
+        Err(_) => Err(DockerError::Timeout { call, budget }),
+    }
+}
+
+pub type Output = Pin<Box<dyn Stream<Item = Result<LogOutput, bollard::errors::Error>> + Send>>;
+pub type Input = Pin<Box<dyn AsyncWrite + Send>>;
+
+/// An attached exec: its id, its stdin and its output.
+pub struct Attached {
+    pub id: String,
+    pub input: Input,
+    pub output: Output,
+}
+
+/// A command to run in a container.
+#[derive(Debug, Clone, Default)]
+pub struct Command {
+    pub argv: Vec<String>,
+    /// The container's user when `None`.
+    pub user: Option<String>,
+    pub working_dir: Option<String>,
+    /// `KEY=value` pairs added to its environment.
+    pub env: Vec<String>,
+    pub tty: bool,
+}
+
+impl Command {
+    pub fn new(argv: Vec<String>, user: &str) -> Command {
+        Command {
+            argv,
+            user: Some(user.to_owned()),
+            ..Command::default()
+        }
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct Engine {
+    api: bollard::Docker,
+}
+
+impl Engine {
+    pub async fn connect(socket: &Path) -> Result<Engine, DockerError> {
+        let path = socket.to_string_lossy().into_owned();
+        let min = bollard::ClientVersion {
+            major_version: 1,
+            minor_version: 41,
+        };
+        let api = bollard::Docker::connect_with_unix(&path, 120, &min).map_err(|source| {
+            DockerError::Connect {
+                socket: path.clone(),
+                source: Box::new(source),
+            }
+        })?;
+        let api = bounded("version negotiation", QUICK, api.negotiate_version()).await?;
+        Ok(Engine { api })
+    }
+
+    /// The raw client, for what one simulator does its own way (creating its containers).
+    pub fn api(&self) -> &bollard::Docker {
+        &self.api
+    }
+
+    /// The runtimes docker lists, and its server version.
+    pub async fn runtimes_and_version(&self) -> Result<(Vec<String>, String), DockerError> {
+        let info = bounded("info", QUICK, self.api.info()).await?;
+        let runtimes = info.runtimes.unwrap_or_default().into_keys().collect();
+        Ok((runtimes, info.server_version.unwrap_or_default()))
+    }
+
+    pub async fn start(&self, id: &str) -> Result<(), DockerError> {
+        bounded("container start", START, self.api.start_container(id, None)).await
+    }
+
+    /// Ends every process of the container at once (files stay).
+    pub async fn stop(&self, id: &str) -> Result<(), DockerError> {
+        let options = StopContainerOptions {
+            t: Some(0),
+            signal: None,
+        };
+        bounded(
+            "container stop",
+            START,
+            self.api.stop_container(id, Some(options)),
+        )
+        .await
+    }
+
+    pub async fn kill(&self, id: &str) -> Result<(), DockerError> {
+        let options = KillContainerOptions {
+            signal: "KILL".into(),
+        };
+        bounded(
+            "container kill",
+            QUICK,
+            self.api.kill_container(id, Some(options)),
+        )
+        .await
+    }
+
+    /// Removes the container and its anonymous volumes, running or not.
+    pub async fn remove(&self, id: &str) -> Result<(), DockerError> {
+        let options = RemoveContainerOptions {
+            force: true,
+            v: true,
+            link: false,
+        };
+        bounded(
+            "container remove",
+            START,
+            self.api.remove_container(id, Some(options)),
+        )
+        .await
+    }
+
+    /// Waits (without a budget: the caller owns the task) until the container stops;
+    /// answers its exit code.
+    pub async fn wait_exit(&self, id: &str) -> Option<i64> {
+        let options = WaitContainerOptions {
+            condition: "not-running".into(),
+        };
+        let mut stream = self.api.wait_container(id, Some(options));
+        match stream.next().await {
+            Some(Ok(answer)) => Some(answer.status_code),
+            Some(Err(bollard::errors::Error::DockerContainerWaitError { code, .. })) => Some(code),
+            _ => None,
+        }
+    }
+
+    /// Whether the container is running now.
+    pub async fn running(&self, id: &str) -> bool {
+        match bounded(
+            "container inspect",
+            QUICK,
+            self.api.inspect_container(id, None),
+        )
+        .await
+        {
+            Ok(inspected) => inspected.state.and_then(|s| s.running).unwrap_or(false),
+            Err(_) => false,
+        }
+    }
+
+    /// Ids of every container carrying `label` (running or not).
+    pub async fn list_labelled(&self, label: &str) -> Result<Vec<String>, DockerError> {
+        let options = ListContainersOptions {
+            all: true,
+            filters: Some(HashMap::from([(
+                "label".to_owned(),
+                vec![label.to_owned()],
+            )])),
+            ..Default::default()
+        };
+        let found = bounded(
+            "container list",
+            QUICK,
+            self.api.list_containers(Some(options)),
+        )
+        .await?;
+        Ok(found.into_iter().filter_map(|c| c.id).collect())
+    }
+
+    /// Starts a command in the container with stdin, stdout and stderr attached.
+    pub async fn exec(&self, container: &str, command: Command) -> Result<Attached, DockerError> {
+        let options = CreateExecOptions {
+            attach_stdin: Some(true),
+            attach_stdout: Some(true),
+            attach_stderr: Some(true),
+            tty: Some(command.tty),
+            env: Some(command.env),
+            cmd: Some(command.argv),
+            user: command.user,
+            working_dir: command.working_dir,
+            privileged: Some(false),
+            ..Default::default()
+        };
+        let created = bounded(
+            "exec create",
+            QUICK,
+            self.api.create_exec(container, options),
+        )
+        .await?;
+        let start = StartExecOptions {
+            detach: false,
+            tty: command.tty,
+            output_capacity: Some(FRAME_CAPACITY),
+        };
+        match bounded(
+            "exec start",
+            START,
+            self.api.start_exec(&created.id, Some(start)),
+        )
+        .await?
+        {
+            StartExecResults::Attached { output, input } => Ok(Attached {
+                id: created.id,
+                input,
+                output,
+            }),
+            StartExecResults::Detached => Err(DockerError::NotAttached("exec start")),
+        }
+    }
+
+    /// The exec's exit code, once docker has recorded it (`None` while it still runs).
+    pub async fn exec_exit(&self, id: &str) -> Result<Option<i64>, DockerError> {
+        for _ in 0..EXIT_POLLS {
+            let inspected = bounded("exec inspect", QUICK, self.api.inspect_exec(id)).await?;
+            if inspected.running != Some(true) {
+                return Ok(inspected.exit_code);
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        Ok(None)
+    }
+}
