@@ -26,6 +26,8 @@ pub mod e2b;
 #[cfg(feature = "openshell")]
 pub mod openshell;
 pub mod session;
+#[cfg(any(feature = "e2b", feature = "openshell"))]
+pub mod tracked;
 #[cfg(feature = "wasm")]
 pub mod wasm;
 

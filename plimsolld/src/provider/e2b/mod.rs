@@ -42,8 +42,9 @@ use crate::grant::host_client::{self, TokenPlacement};
 use crate::grant::{Delivery, GuestGrant};
 use crate::provider::docker::project::{DEFAULT_TIMEOUT, MAX_TIMEOUT};
 use crate::provider::docker::settings::{SNIPPET_DEFAULT_TIMEOUT, SNIPPET_MAX_TIMEOUT};
+use crate::provider::tracked::Tracked;
 use config::{E2bConfig, EnvdRoute};
-use sandbox::{Fleet, GuardRule, Leases, SandboxError};
+use sandbox::{Fleet, GuardRule, SandboxError};
 
 /// The provider id `Describe` and records name.
 pub const ID: &str = "e2b";
@@ -135,7 +136,7 @@ impl E2b {
                 template: settings.template.clone(),
                 instance: hex::encode(rand::random::<[u8; 8]>()),
                 resources: config.resources,
-                leases: Leases::default(),
+                leases: Tracked::default(),
             }),
             proven: RwLock::new(None),
             ready: AtomicBool::new(false),

@@ -4,16 +4,15 @@
 //! read back against the envelope. A VM is killed in the background once its run ends, and
 //! its lease and admission slot are released only when the kill finished.
 
-use std::collections::{BTreeMap, HashSet};
-use std::sync::{Arc, Mutex};
+use std::collections::BTreeMap;
+use std::sync::Arc;
 use std::time::Duration;
-
-use tokio::sync::Notify;
 
 use super::api::{Api, ApiError, Created, Detail, Network, NewSandbox, valid_id};
 use super::config::EnvdRoute;
 use super::envd::Envd;
 use super::http::HttpError;
+use crate::provider::tracked::Tracked;
 use crate::provider::{Hold, Resources};
 
 /// What E2B's own timeout adds to a run's budget: the leak backstop (grants.md §6.2).
@@ -51,46 +50,6 @@ pub enum SandboxError {
     Envd(#[from] HttpError),
 }
 
-/// The leases this daemon tracks: being created, in use, being killed.
-#[derive(Default)]
-pub struct Leases {
-    keys: Mutex<HashSet<String>>,
-    changed: Notify,
-}
-
-impl Leases {
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashSet<String>> {
-        // A panic while holding this lock leaves a valid set; keep using it.
-        self.keys.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
-    fn track(&self, key: &str) {
-        self.lock().insert(key.to_owned());
-    }
-
-    fn release(&self, key: &str) {
-        self.lock().remove(key);
-        self.changed.notify_waiters();
-    }
-
-    /// Whether `key` is tracked.
-    pub fn contains(&self, key: &str) -> bool {
-        self.lock().contains(key)
-    }
-
-    /// Waits until nothing is tracked or `budget` passes; how many are left.
-    pub async fn settle(&self, budget: Duration) -> usize {
-        let deadline = tokio::time::Instant::now() + budget;
-        loop {
-            let notified = self.changed.notified();
-            let left = self.lock().len();
-            if left == 0 || tokio::time::timeout_at(deadline, notified).await.is_err() {
-                return self.lock().len();
-            }
-        }
-    }
-}
-
 /// A granted VM's one way out: `allowOut` of the guard's host, and the rule by which E2B's
 /// egress proxy adds the run's guard token (the guest never holds it).
 pub struct GuardRule<'a> {
@@ -124,7 +83,7 @@ pub struct Fleet {
     pub instance: String,
     /// The operator's envelope (0 = unbounded), checked by read-back.
     pub resources: Resources,
-    pub leases: Leases,
+    pub leases: Tracked,
 }
 
 /// A VM a run holds. Dropping it kills the VM in the background, then releases the lease

@@ -48,6 +48,7 @@ use super::{
 use crate::config::Config;
 use crate::provider::docker::project::{DEFAULT_TIMEOUT, MAX_TIMEOUT};
 use crate::provider::docker::settings::{SNIPPET_DEFAULT_TIMEOUT, SNIPPET_MAX_TIMEOUT};
+use crate::provider::tracked::Tracked;
 use config::OpenShellConfig;
 use readiness::{DriverError, Readiness};
 use sandbox::{Fleet, SandboxError};
@@ -157,7 +158,7 @@ impl OpenShell {
                     instance: hex::encode(rand::random::<[u8; 8]>()),
                     envelope,
                     policy: policy::sandbox_policy(),
-                    held: sandbox::Held::default(),
+                    held: Tracked::default(),
                     skew: sandbox::Skew::default(),
                 }),
                 proven: RwLock::new(None),

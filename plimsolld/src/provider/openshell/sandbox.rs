@@ -7,11 +7,8 @@
 //! and gives the slot back only once the gateway says it is gone. The drain waits for those
 //! deletes.
 
-use std::collections::HashSet;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
-
-use tokio::sync::Notify;
 
 use super::gateway::{Gateway, GatewayError};
 use super::proto::sandbox::v1::SandboxPolicy;
@@ -19,6 +16,7 @@ use super::proto::v1::{DeletionOutcome, Sandbox, SandboxPhase};
 use super::readback::{self, Mismatch};
 use super::shape::{Envelope, Shape};
 use crate::provider::Hold;
+use crate::provider::tracked::Tracked;
 
 /// How often readiness is polled after a create or a start.
 const READY_POLL: Duration = Duration::from_millis(50);
@@ -48,48 +46,6 @@ pub enum SandboxError {
     /// What came back is not what was asked for: nothing may run in it.
     #[error("sandbox {name} read back wrong: {mismatch}")]
     Readback { name: String, mismatch: Mismatch },
-}
-
-// === impl Held ===
-
-/// The names this daemon tracks (being made, in use, being deleted).
-#[derive(Default)]
-pub struct Held {
-    names: Mutex<HashSet<String>>,
-    changed: Notify,
-}
-
-impl Held {
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashSet<String>> {
-        // A panic while holding this lock leaves a valid set; keep using it.
-        self.names.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
-    fn hold(&self, name: &str) {
-        self.lock().insert(name.to_owned());
-    }
-
-    fn release(&self, name: &str) {
-        self.lock().remove(name);
-        self.changed.notify_waiters();
-    }
-
-    /// Whether a run (or its delete) still tracks `name`.
-    pub fn contains(&self, name: &str) -> bool {
-        self.lock().contains(name)
-    }
-
-    /// Waits until nothing is tracked or `budget` passes; answers how many are left.
-    pub async fn settle(&self, budget: Duration) -> usize {
-        let deadline = tokio::time::Instant::now() + budget;
-        loop {
-            let notified = self.changed.notified();
-            let left = self.lock().len();
-            if left == 0 || tokio::time::timeout_at(deadline, notified).await.is_err() {
-                return self.lock().len();
-            }
-        }
-    }
 }
 
 // === impl Skew ===
@@ -163,7 +119,7 @@ pub struct Fleet {
     /// The policy every sandbox gets.
     pub policy: SandboxPolicy,
     /// The names tracked.
-    pub held: Held,
+    pub held: Tracked,
     /// The gateway's clock.
     pub skew: Skew,
 }
@@ -179,7 +135,7 @@ impl Fleet {
     ) -> Result<Lease, SandboxError> {
         let shape = self.envelope.shape(&self.instance, lifetime, &self.policy);
         // Tracked before the create is sent: from here on the lease deletes it.
-        self.held.hold(&shape.name);
+        self.held.track(&shape.name);
         let mut lease = Lease {
             fleet: Arc::clone(self),
             shape,
