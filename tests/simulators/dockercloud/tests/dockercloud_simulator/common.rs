@@ -169,6 +169,14 @@ pub fn create_request(name: &str) -> Value {
 }
 
 impl Harness {
+    /// Replaces the simulator's fault set.
+    pub async fn fault(&self, faults: dockercloud_simulator::Faults) {
+        self.sim
+            .set_faults(&faults)
+            .await
+            .expect("admin: set faults");
+    }
+
     /// A unary Connect call with a bearer.
     pub async fn call_as(
         &self,

@@ -21,36 +21,30 @@ async fn seal_faults_show_in_the_read_backs() {
             json!({ "target": { "sandbox": { "id": id } } }),
         )
     };
-    h.sim
-        .set_faults(&Faults {
-            policy_not_deny_all: true,
-            ..Faults::default()
-        })
-        .await
-        .unwrap();
+    h.fault(Faults {
+        policy_not_deny_all: true,
+        ..Faults::default()
+    })
+    .await;
     assert_eq!(
         read().await,
         json!({ "mode": "NETWORK_POLICY_MODE_ALLOW_ALL" })
     );
-    h.sim
-        .set_faults(&Faults {
-            extra_allowed_network: Some("exfil.example:443".into()),
-            ..Faults::default()
-        })
-        .await
-        .unwrap();
+    h.fault(Faults {
+        extra_allowed_network: Some("exfil.example:443".into()),
+        ..Faults::default()
+    })
+    .await;
     assert_eq!(
         read().await,
         json!({ "mode": "NETWORK_POLICY_MODE_DENY_ALL", "allowNetworks": [{ "network": "exfil.example:443", "layer": "POLICY_LAYER_OWNER" }] })
     );
     let other = format!("sha256:{}", "ab".repeat(32));
-    h.sim
-        .set_faults(&Faults {
-            booted_digest: Some(other.clone()),
-            ..Faults::default()
-        })
-        .await
-        .unwrap();
+    h.fault(Faults {
+        booted_digest: Some(other.clone()),
+        ..Faults::default()
+    })
+    .await;
     let booted = h.running("s-2").await;
     assert_eq!(booted["cloud"]["imageDigest"], other);
     assert_ne!(other, h.sim.ready.images[0].digest);
@@ -60,13 +54,11 @@ async fn seal_faults_show_in_the_read_backs() {
 #[tokio::test]
 async fn quota_fault_refuses_creates() {
     let Some(h) = start(&[]).await else { return };
-    h.sim
-        .set_faults(&Faults {
-            quota_reached: true,
-            ..Faults::default()
-        })
-        .await
-        .unwrap();
+    h.fault(Faults {
+        quota_reached: true,
+        ..Faults::default()
+    })
+    .await;
     let answer = h
         .call(
             "/docker.sbx.v1.SandboxService/CreateSandbox",
@@ -87,13 +79,11 @@ async fn quota_fault_refuses_creates() {
 #[tokio::test]
 async fn operations_that_never_complete() {
     let Some(h) = start(&[]).await else { return };
-    h.sim
-        .set_faults(&Faults {
-            never_complete: vec![StuckOperation::Create],
-            ..Faults::default()
-        })
-        .await
-        .unwrap();
+    h.fault(Faults {
+        never_complete: vec![StuckOperation::Create],
+        ..Faults::default()
+    })
+    .await;
     let op = h
         .ok(
             "/docker.sbx.v1.SandboxService/CreateSandbox",
@@ -134,15 +124,13 @@ async fn operations_that_never_complete() {
         .await;
     assert!(deleted.get("error").is_none());
 
-    h.sim.set_faults(&Faults::default()).await.unwrap();
+    h.fault(Faults::default()).await;
     h.running("n-2").await;
-    h.sim
-        .set_faults(&Faults {
-            never_complete: vec![StuckOperation::Delete],
-            ..Faults::default()
-        })
-        .await
-        .unwrap();
+    h.fault(Faults {
+        never_complete: vec![StuckOperation::Delete],
+        ..Faults::default()
+    })
+    .await;
     let op = h
         .ok(
             "/docker.sbx.v1.SandboxService/DeleteSandbox",
@@ -169,13 +157,11 @@ async fn operations_that_never_complete() {
 #[tokio::test]
 async fn wait_operation_can_be_unimplemented() {
     let Some(h) = start(&[]).await else { return };
-    h.sim
-        .set_faults(&Faults {
-            wait_operation_unimplemented: true,
-            ..Faults::default()
-        })
-        .await
-        .unwrap();
+    h.fault(Faults {
+        wait_operation_unimplemented: true,
+        ..Faults::default()
+    })
+    .await;
     let op = h
         .ok(
             "/docker.sbx.v1.SandboxService/CreateSandbox",
@@ -202,13 +188,11 @@ async fn rest_delete_can_report_success_and_keep_the_sandbox() {
     let Some(h) = start(&[]).await else { return };
     let sandbox = h.running("rk-1").await;
     let id = sandbox["core"]["id"].as_str().unwrap();
-    h.sim
-        .set_faults(&Faults {
-            rest_delete_keeps_sandbox: true,
-            ..Faults::default()
-        })
-        .await
-        .unwrap();
+    h.fault(Faults {
+        rest_delete_keeps_sandbox: true,
+        ..Faults::default()
+    })
+    .await;
     let auth = format!("Bearer {}", h.bearer);
     let url = format!("{}/v1/sandboxes/{id}", h.sim.ready.rest_url);
     let read = send("GET", &url, &[("authorization", &auth)], Vec::new()).await;
@@ -233,13 +217,11 @@ async fn rest_delete_can_report_success_and_keep_the_sandbox() {
 #[tokio::test]
 async fn capabilities_can_miss_a_permission_and_unknown_faults_are_refused() {
     let Some(h) = start(&[]).await else { return };
-    h.sim
-        .set_faults(&Faults {
-            missing_permissions: vec!["PERMISSION_SANDBOXES_DELETE".into()],
-            ..Faults::default()
-        })
-        .await
-        .unwrap();
+    h.fault(Faults {
+        missing_permissions: vec!["PERMISSION_SANDBOXES_DELETE".into()],
+        ..Faults::default()
+    })
+    .await;
     let caps = h
         .ok(
             "/docker.sbx.v1.CapabilityService/GetCapabilities",
