@@ -62,7 +62,12 @@ pub(super) fn open(d: &Daemon, extra: Value) -> (String, Value) {
     open_as(d, None, extra)
 }
 
-fn session_run_as(d: &Daemon, token: Option<&str>, id: &str, payload: Value) -> Response {
+pub(super) fn session_run_as(
+    d: &Daemon,
+    token: Option<&str>,
+    id: &str,
+    payload: Value,
+) -> Response {
     let mut body = json!({ "protocol": connect::PROTOCOL, "sessionId": id });
     if let (Some(b), Some(p)) = (body.as_object_mut(), payload.as_object()) {
         b.extend(p.clone());
