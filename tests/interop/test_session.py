@@ -132,6 +132,39 @@ class SessionInteropTest(NeedsDocker):
                     code = daemon.stop()
                 self.assertEqual(code, 0, "plimsolld after SIGTERM; its log:\n" + "\n".join(daemon.log))
 
+    def test_cells_keep_their_state_across_workspace_exec(self) -> None:
+        """Interpreters survive project calls (issue 15, item 5): an agent that alternates the
+        published client's `Workspace` operations (each one project call) with cells keeps its
+        notebook state; the cells after `Workspace.exec`, `write` and `read` say no fresh
+        interpreter started. Fails on main, where every project call ended the interpreters."""
+        for runtime in RUNTIMES:
+            with self.subTest(runtime=runtime):
+                daemon = SessionDaemon(runtime)
+                try:
+                    client = pc.Client(daemon.url, daemon.token, request_timeout=REQUEST_TIMEOUT)
+                    session = client.open_session(minimum_isolation=TIERS[runtime])
+                    with Workspace(session) as ws:
+                        first = session.run_cell("rows = [1, 2, 3]\nlen(rows)")
+                        self.assertEqual((first.stdout, first.exit_code), (b"3\n", 0), first.stderr)
+                        self.assertTrue(first.interpreter_started)
+                        js = session.run_cell("let seen = 6 * 7", language="javascript")
+                        self.assertEqual(js.exit_code, 0, js.stderr)
+                        ran = ws.exec("echo hi")
+                        self.assertEqual((ran.exit_code, ran.stdout_text), (0, "hi\n"), ran.stderr_text)
+                        after = session.run_cell("rows.append(4)\nsum(rows)")
+                        self.assertEqual((after.stdout, after.exit_code), (b"10\n", 0), after.stderr)
+                        self.assertFalse(after.interpreter_started)
+                        ws.write("data.txt", "from the workspace\n")
+                        read = session.run_cell("open('data.txt').read().strip() + ' ' + str(len(rows))")
+                        self.assertEqual(read.stdout, b"'from the workspace 4'\n", read.stderr)
+                        self.assertFalse(read.interpreter_started)
+                        self.assertEqual(ws.read("data.txt"), b"from the workspace\n")
+                        js_after = session.run_cell("seen", language="javascript")
+                        self.assertEqual((js_after.stdout, js_after.interpreter_started), (b"42\n", False))
+                finally:
+                    code = daemon.stop()
+                self.assertEqual(code, 0, "plimsolld after SIGTERM; its log:\n" + "\n".join(daemon.log))
+
     def test_a_hinted_open_is_served_by_a_warm_pool_member(self) -> None:
         """SANDBOX_SESSION_POOL (providers.md 9.8): the client's `languages` hint reaches the
         pool; the session is a member made before the open, its python interpreter already

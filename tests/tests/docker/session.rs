@@ -62,7 +62,12 @@ pub(super) fn open(d: &Daemon, extra: Value) -> (String, Value) {
     open_as(d, None, extra)
 }
 
-fn session_run_as(d: &Daemon, token: Option<&str>, id: &str, payload: Value) -> Response {
+pub(super) fn session_run_as(
+    d: &Daemon,
+    token: Option<&str>,
+    id: &str,
+    payload: Value,
+) -> Response {
     let mut body = json!({ "protocol": connect::PROTOCOL, "sessionId": id });
     if let (Some(b), Some(p)) = (body.as_object_mut(), payload.as_object()) {
         b.extend(p.clone());
@@ -504,12 +509,14 @@ pub(super) fn cell(d: &Daemon, id: &str, language: &str, code: &str) -> Value {
 }
 
 #[test]
-fn cells_keep_their_interpreter_across_calls_until_a_project_call() {
+fn cells_keep_their_interpreter_across_snippet_and_project_calls() {
     require_docker!();
     let d = sessions();
     let (id, _) = open(&d, json!({ "languages": ["python"] }));
-    let first = cell(&d, &id, "python", "x = 20");
+    let first = cell(&d, &id, "python", "import os; x = 20; os.getpid()");
     assert_eq!(first["interpreterStarted"], true, "{first}");
+    let pid = field(&first, "stdout").trim().to_owned();
+    assert!(pid.parse::<u32>().is_ok(), "{first}");
     let js_cell = cell(&d, &id, "javascript", "let y = 5; y * 3");
     assert_eq!(field(&js_cell, "stdout"), "15\n", "{js_cell}");
     // A snippet call and its sweep in between spare the interpreters.
@@ -523,12 +530,22 @@ fn cells_keep_their_interpreter_across_calls_until_a_project_call() {
         field(&raised, "stderr").contains("ZeroDivisionError"),
         "{raised}"
     );
-    // A project call ends every interpreter: the next cell starts fresh.
-    let project = session_run_as(&d, None, &id, json!({ "project": { "steps": ["true"] } }));
+    // A project call holds the interpreter stopped while its runner and steps run (a step
+    // sees it in state T), then resumes it: the notebook's state survives.
+    let state = format!("cut -d' ' -f3 /proc/{pid}/stat");
+    let project = session_run_as(&d, None, &id, json!({ "project": { "steps": [state] } }));
     assert_eq!(project.status, 200, "{project}");
-    let fresh = cell(&d, &id, "python", "x");
-    assert_eq!(fresh["interpreterStarted"], true, "{fresh}");
-    assert_eq!(fresh["exitCode"], 1, "x is gone: {fresh}");
+    let step = &project.json()["run"]["project"]["steps"][0];
+    assert_eq!(
+        field(step, "stdout"),
+        "T\n",
+        "held during the call: {project}"
+    );
+    let kept = cell(&d, &id, "python", "x + 1");
+    assert_eq!(field(&kept, "stdout"), "21\n", "{kept}");
+    assert_eq!(kept["interpreterStarted"].as_bool(), None, "{kept}");
+    let js_kept = cell(&d, &id, "javascript", "y");
+    assert_eq!(field(&js_kept, "stdout"), "5\n", "{js_kept}");
     assert_eq!(close_as(&d, None, &id).status, 200);
 }
 

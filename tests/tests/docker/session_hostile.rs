@@ -4,7 +4,7 @@
 //! every `process_vm_readv`/`process_vm_writev` on another kept process must fail, under
 //! runc (with or without Yama) and under runsc.
 
-use super::session::{cell, close_as, open, sessions};
+use super::session::{cell, close_as, open, session_run_as, sessions};
 use super::*;
 
 /// The attack, in Python with ctypes: one JSON object, pid -> what each attempt came to.
@@ -111,5 +111,74 @@ process.stdout.write(r.stdout || ''); process.stderr.write(r.stderr || String(r.
     assert_eq!(again["interpreterStarted"].as_bool(), None, "{again}");
     let again = cell(&d, &id, "javascript", "2 + 2");
     assert_eq!(field(&again, "stdout"), "4\n", "{again}");
+    assert_eq!(close_as(&d, None, &id).status, 200);
+}
+
+/// A watcher thread, planted by a cell, that tries to open the standard input of every process
+/// whose command line names the project runner, the pipe that carries the report key.
+const RUNNER_WATCH: &str = r#"
+import os, threading, time
+seen, loops = set(), [0]
+def watch():
+    while True:
+        for p in os.listdir('/proc'):
+            if not p.isdigit() or int(p) == os.getpid():
+                continue
+            try:
+                with open(f'/proc/{p}/cmdline', 'rb') as f:
+                    cmd = f.read()
+            except OSError:
+                continue
+            if b'runner.mjs' in cmd:
+                try:
+                    os.close(os.open(f'/proc/{p}/fd/0', os.O_RDONLY | os.O_NONBLOCK))
+                    seen.add('opened')
+                except OSError:
+                    seen.add('refused')
+        loops[0] += 1
+        time.sleep(0.005)
+threading.Thread(target=watch, daemon=True).start()
+"#;
+
+/// Issue 15 item 5: interpreters survive a project call, but none runs while its runner reads
+/// the report key. A cell's watcher thread, shown first to open the stdin of a decoy process
+/// named like the runner, never even sees the real runner (nor its start script) during a
+/// project call: the interpreter is held stopped from before the runner's exec to the call's
+/// end, then resumed with its state (the watcher goes on looping).
+#[test]
+fn a_kept_interpreter_never_runs_beside_a_project_runner() {
+    require_docker!();
+    let d = sessions();
+    let (id, _) = open(&d, json!({ "languages": ["python"] }));
+    let planted = cell(&d, &id, "python", RUNNER_WATCH);
+    assert_eq!(planted["exitCode"].as_i64().unwrap_or(0), 0, "{planted}");
+    let decoy = cell(
+        &d,
+        &id,
+        "python",
+        "import subprocess\nsubprocess.run(['sh', '-c', 'sleep 1; true', 'runner.mjs'])\nsorted(seen)",
+    );
+    assert_eq!(
+        field(&decoy, "stdout"),
+        "['opened']\n",
+        "the watcher works: {decoy}"
+    );
+    let before = cell(&d, &id, "python", "seen.clear(); loops[0]");
+    let before: u64 = field(&before, "stdout").trim().parse().expect("a count");
+    let project = session_run_as(
+        &d,
+        None,
+        &id,
+        json!({ "project": { "steps": ["sleep 1", "echo done"] } }),
+    );
+    assert_eq!(project.status, 200, "{project}");
+    let report = &project.json()["run"]["project"];
+    assert_eq!(report["outcome"], "PROJECT_OUTCOME_COMPLETED", "{report}");
+    assert_eq!(field(&report["steps"][1], "stdout"), "done\n", "{report}");
+    // Resumed with its state: the watcher loops again, and never saw a runner.
+    let check = format!("import time; time.sleep(0.2); (sorted(seen), loops[0] > {before})");
+    let after = cell(&d, &id, "python", &check);
+    assert_eq!(after["interpreterStarted"].as_bool(), None, "{after}");
+    assert_eq!(field(&after, "stdout"), "([], True)\n", "{after}");
     assert_eq!(close_as(&d, None, &id).status, 200);
 }

@@ -1,14 +1,14 @@
 //! Cells in a docker session (wire.md §7.4, providers.md §9.6): the session keeps at most one
 //! live [`Interpreter`] per language, launches one on the language's first cell (or after the
-//! last one ended), adds its identities to the sweep's keep set, and ends every interpreter
-//! before a project call (cell state is lost there, by design: a same-uid interpreter could
-//! otherwise read the runner's stdin).
+//! last one ended), adds its identities to the sweep's keep set, and holds every interpreter
+//! stopped through a project call, so cell state survives it ([`DockerSession::hold_for_project`]).
 
 use plimsoll::refusal::Refusal;
 use tokio::time::Instant;
 
 use super::super::settings::OUTPUT_CAP;
 use super::DockerSession;
+use super::boundary;
 use super::cell::{CellError, CellLanguage, Guest, Interpreter};
 use crate::provider::{CellCall, CellOutcome, SessionFault};
 
@@ -64,7 +64,52 @@ impl DockerSession {
         }
     }
 
-    /// Ends every interpreter (before a project call): their state is gone afterwards.
+    /// Holds the live interpreters stopped for a project call; answers the identities held
+    /// (empty when there is nothing to hold, or a granted call's hold already covers them).
+    ///
+    /// Why: the runner is exec'd as the guest uid, the interpreters' uid, and only its guard
+    /// (non-dumpable before node runs) keeps a same-uid process from opening its stdin, which
+    /// carries the report key. Stopped from before the exec, no interpreter can race the
+    /// guard. A step may wake one (same uid), but steps start only after the runner read its
+    /// whole plan, so a woken interpreter can do no more than that step. When the hold cannot
+    /// be proven the interpreters end and the container is proven quiet, as before: the next
+    /// cell then reports `interpreter_started`.
+    pub(super) async fn hold_for_project(&mut self) -> Result<Vec<String>, SessionFault> {
+        self.forget_dead_interpreters().await;
+        if !self.held.is_empty() {
+            return Ok(Vec::new());
+        }
+        let ids = self.interpreter_process_ids();
+        if ids.is_empty() {
+            return Ok(ids);
+        }
+        let user = self.settings.user();
+        match boundary::hold(&self.engine, &self.id, &user, &ids).await {
+            Ok(()) => Ok(ids),
+            Err(e) => {
+                tracing::warn!(error = %e, "interpreters could not be held for a project call; ending them");
+                self.end_interpreters().await;
+                boundary::quiesce(&self.engine, &self.id, &user, &self.keep).await?;
+                Ok(Vec::new())
+            }
+        }
+    }
+
+    /// Resumes what [`Self::hold_for_project`] held. One a step already woke is no matter
+    /// (see there); one that cannot be resumed would hang the next cell, so all then end.
+    pub(super) async fn release_after_project(&mut self, ids: &[String]) {
+        let user = self.settings.user();
+        match boundary::release(&self.engine, &self.id, &user, ids).await {
+            Ok(true) => {}
+            Ok(false) => tracing::debug!("a held interpreter was woken during the project call"),
+            Err(e) => {
+                tracing::warn!(error = %e, "interpreters held for a project call could not be resumed; ending them");
+                self.end_interpreters().await;
+            }
+        }
+    }
+
+    /// Ends every interpreter: their state is gone afterwards.
     pub(super) async fn end_interpreters(&mut self) -> bool {
         let all = std::mem::take(self.interpreters());
         self.unused.clear();

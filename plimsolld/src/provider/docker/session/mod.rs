@@ -10,7 +10,7 @@
 //! - suspend is `docker pause`; the end is a confirmed force-remove.
 //!
 //! - cells ([`cells`], with the [`cell`] machinery): one interpreter per language, kept
-//!   across calls, spared by the sweep and ended before any project call.
+//!   across calls, spared by the sweep and held stopped through a project call.
 
 pub(crate) mod boundary;
 mod calls;
@@ -340,12 +340,14 @@ impl SessionSandbox for DockerSession {
     }
 
     async fn project(&mut self, plan: ProjectPlan) -> Result<ProjectReport, SessionFault> {
-        // Quiesce: no interpreter may outlive into a project call (it could read the
-        // runner's stdin, which carries the report key, before the guard loads).
-        if self.end_interpreters().await {
-            boundary::quiesce(&self.engine, &self.id, &self.settings.user(), &self.keep).await?;
+        // The interpreters survive a project call, held stopped through it (a granted call's
+        // hold, or under gVisor its end before the lend, already covers them).
+        let held = self.hold_for_project().await?;
+        let report = self.run_project(plan).await;
+        if !held.is_empty() {
+            self.release_after_project(&held).await;
         }
-        self.run_project(plan).await
+        report
     }
 
     async fn cell(&mut self, call: CellCall) -> Result<CellOutcome, SessionFault> {
