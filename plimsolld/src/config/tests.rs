@@ -336,6 +336,18 @@ fn known_providers_are_chosen_by_their_names() {
             // Its key has no default.
             pairs.push(("E2B_API_KEY", "e2b_test"));
         }
+        if provider.name == "dockercloud" {
+            // Its account, API and image have no default.
+            pairs.extend([
+                ("DOCKER_SBX_USERNAME", "me"),
+                ("DOCKER_SBX_TOKEN", "dckr_pat_test"),
+                (
+                    "SANDBOX_DOCKERCLOUD_API_URL",
+                    "https://sandboxes.connect.docker.com/sbx",
+                ),
+                ("SANDBOX_DOCKERCLOUD_IMAGE", "docker/sandbox:latest"),
+            ]);
+        }
         assert_eq!(ok(&pairs).provider.name(), provider.name);
     }
     assert!(!ProviderConfig::default().settings().runs_code());
