@@ -39,6 +39,7 @@
 
 pub mod connect;
 pub mod docker;
+pub mod dockercloud;
 pub mod e2b;
 pub mod h2_frames;
 pub mod h2c;

@@ -12,6 +12,7 @@
 
 mod grants {
     pub mod docker;
+    pub mod dockercloud;
     pub mod e2b;
     pub mod openshell;
     pub mod sessions;

@@ -98,6 +98,24 @@ pub const ENV_E2B_API_URL: &str = "E2B_API_URL";
 pub const ENV_E2B_DOMAIN: &str = "E2B_DOMAIN";
 /// e2b: one base URL for every sandbox's envd, routed by headers (as E2B's SDK reads it).
 pub const ENV_E2B_SANDBOX_URL: &str = "E2B_SANDBOX_URL";
+/// dockercloud: the personal access token, exchanged for a short-lived bearer (never logged).
+pub const ENV_DOCKERCLOUD_TOKEN: &str = "DOCKER_SBX_TOKEN";
+/// dockercloud: the Docker account the personal access token belongs to.
+pub const ENV_DOCKERCLOUD_USERNAME: &str = "DOCKER_SBX_USERNAME";
+/// dockercloud: the token exchange; default `https://hub.docker.com/v2/auth/token`.
+pub const ENV_DOCKERCLOUD_AUTH_URL: &str = "SANDBOX_DOCKERCLOUD_AUTH_URL";
+/// dockercloud: the transport, `connect` (default) or `rest`; never switched at run time.
+pub const ENV_DOCKERCLOUD_API: &str = "SANDBOX_DOCKERCLOUD_API";
+/// dockercloud: the API base (connect: required; rest: default `https://connect.docker.com/sandboxes`).
+pub const ENV_DOCKERCLOUD_API_URL: &str = "SANDBOX_DOCKERCLOUD_API_URL";
+/// dockercloud: the OCI image every sandbox boots (`@sha256:` of the linux/amd64 manifest to pin).
+pub const ENV_DOCKERCLOUD_IMAGE: &str = "SANDBOX_DOCKERCLOUD_IMAGE";
+/// dockercloud: an image from the account's store, `<id>@sha256:<digest>` (connect only).
+pub const ENV_DOCKERCLOUD_STORE_IMAGE: &str = "SANDBOX_DOCKERCLOUD_STORE_IMAGE";
+/// dockercloud: the guard's public `https://` URL on 443; enables grants (connect only).
+pub const ENV_DOCKERCLOUD_GUARD_URL: &str = "SANDBOX_DOCKERCLOUD_GUARD_URL";
+/// dockercloud: the network-policy API; default `https://api.sandboxes-cloud.docker.com/v1`.
+pub const ENV_DOCKERCLOUD_POLICY_URL: &str = "SANDBOX_DOCKERCLOUD_POLICY_URL";
 /// Live sessions at once; 0 (the default) turns sessions off.
 pub const ENV_MAX_SESSIONS: &str = "SANDBOX_MAX_SESSIONS";
 /// Live sessions per caller; 0 = no per-caller cap.
@@ -159,6 +177,8 @@ pub enum HelpGroup {
     OpenShell,
     /// The e2b provider's settings.
     E2b,
+    /// The dockercloud provider's settings.
+    DockerCloud,
     /// Per-run envelope and admission limits.
     Limits,
 }
@@ -517,6 +537,60 @@ pub const VARIABLES: &[Variable] = &[
         "one envd base URL routed by headers (plain http only on loopback)",
         HelpGroup::E2b,
     ),
+    var(
+        ENV_DOCKERCLOUD_TOKEN,
+        "unset (required)",
+        "Docker personal access token (sent only to the token exchange)",
+        HelpGroup::DockerCloud,
+    ),
+    var(
+        ENV_DOCKERCLOUD_USERNAME,
+        "unset (required)",
+        "the Docker account of that token",
+        HelpGroup::DockerCloud,
+    ),
+    var(
+        ENV_DOCKERCLOUD_AUTH_URL,
+        "https://hub.docker.com/v2/auth/token",
+        "the token exchange (plain http only on loopback)",
+        HelpGroup::DockerCloud,
+    ),
+    var(
+        ENV_DOCKERCLOUD_API,
+        "connect",
+        "connect | rest (rest: no grants, runs capped at 270 s)",
+        HelpGroup::DockerCloud,
+    ),
+    var(
+        ENV_DOCKERCLOUD_API_URL,
+        "unset (connect: required); rest: https://connect.docker.com/sandboxes",
+        "the sandboxes API base (plain http only on loopback)",
+        HelpGroup::DockerCloud,
+    ),
+    var(
+        ENV_DOCKERCLOUD_IMAGE,
+        "unset",
+        "the OCI image (pinned: @sha256: of the linux/amd64 manifest)",
+        HelpGroup::DockerCloud,
+    ),
+    var(
+        ENV_DOCKERCLOUD_STORE_IMAGE,
+        "unset",
+        "instead: <image id>@sha256:<digest> from the account's store (connect only)",
+        HelpGroup::DockerCloud,
+    ),
+    var(
+        ENV_DOCKERCLOUD_GUARD_URL,
+        "unset (no grants)",
+        "the guard's public https:// URL on 443 (connect only)",
+        HelpGroup::DockerCloud,
+    ),
+    var(
+        ENV_DOCKERCLOUD_POLICY_URL,
+        "https://api.sandboxes-cloud.docker.com/v1",
+        "the network-policy API (plain http only on loopback)",
+        HelpGroup::DockerCloud,
+    ),
 ];
 
 const HELP_HEAD: &str = "\
@@ -551,6 +625,7 @@ pub fn help_text() -> String {
         (HelpGroup::Docker, "docker provider"),
         (HelpGroup::OpenShell, "openshell provider"),
         (HelpGroup::E2b, "e2b provider"),
+        (HelpGroup::DockerCloud, "dockercloud provider"),
         (HelpGroup::Limits, "Limits"),
     ] {
         out.push('\n');

@@ -438,7 +438,11 @@ impl<'a> Reader<'a> {
         match (value.is_empty(), url) {
             (true, None) => None,
             (false, None) => {
-                refuse(self, &value, "is set but no guard URL is (E2B_GUARD_URL)");
+                refuse(
+                    self,
+                    &value,
+                    "is set but no guard URL is (E2B_GUARD_URL or SANDBOX_DOCKERCLOUD_GUARD_URL)",
+                );
                 None
             }
             (true, Some(_)) if matches!(grants, grants::GrantSource::Supervised(_)) => {

@@ -308,10 +308,10 @@ fn provider_is_trimmed_and_lower_cased() {
 
 #[test]
 fn unknown_provider_is_fatal_and_lists_the_known_names() {
-    let text = problem(&[("SANDBOX_PROVIDER", "dockercloud")]);
-    assert!(text.contains("\"dockercloud\""), "{text}");
+    let text = problem(&[("SANDBOX_PROVIDER", "firecracker")]);
+    assert!(text.contains("\"firecracker\""), "{text}");
     assert!(
-        text.ends_with("known: disabled, wasm, docker, openshell, e2b"),
+        text.ends_with("known: disabled, wasm, docker, openshell, e2b, dockercloud"),
         "{text}"
     );
 }
@@ -335,6 +335,18 @@ fn known_providers_are_chosen_by_their_names() {
         if provider.name == "e2b" {
             // Its key has no default.
             pairs.push(("E2B_API_KEY", "e2b_test"));
+        }
+        if provider.name == "dockercloud" {
+            // Its account, API and image have no default.
+            pairs.extend([
+                ("DOCKER_SBX_USERNAME", "me"),
+                ("DOCKER_SBX_TOKEN", "dckr_pat_test"),
+                (
+                    "SANDBOX_DOCKERCLOUD_API_URL",
+                    "https://sandboxes.connect.docker.com/sbx",
+                ),
+                ("SANDBOX_DOCKERCLOUD_IMAGE", "docker/sandbox:latest"),
+            ]);
         }
         assert_eq!(ok(&pairs).provider.name(), provider.name);
     }
@@ -472,7 +484,7 @@ fn every_bad_variable_is_reported_together() {
         ("PLIMSOLL_METRICS_ADDR", "9464"),
         ("PLIMSOLL_HARDENED", "maybe"),
         ("PLIMSOLL_TLS_CERT", "c.pem"),
-        ("SANDBOX_PROVIDER", "dockercloud"),
+        ("SANDBOX_PROVIDER", "firecracker"),
         ("SANDBOX_MIN_ISOLATION", "none"),
         ("SANDBOX_MEMORY_MB", "1e3"),
         ("SANDBOX_CPUS", "NaN"),

@@ -212,6 +212,8 @@ providers! {
     OpenShell(super::openshell::config::OpenShellConfig) = super::openshell::ID,
     #[cfg(feature = "e2b")]
     E2b(super::e2b::config::E2bConfig) = super::e2b::ID,
+    #[cfg(feature = "dockercloud")]
+    DockerCloud(super::dockercloud::config::DockerCloudConfig) = super::dockercloud::ID,
 }
 
 #[cfg(test)]
@@ -223,7 +225,7 @@ mod tests {
 
     /// Providers whose settings have no default: an empty environment is a problem for them
     /// (each about their own variables only).
-    const REQUIRED_SETTINGS: &[&str] = &["openshell", "e2b"];
+    const REQUIRED_SETTINGS: &[&str] = &["openshell", "e2b", "dockercloud"];
 
     #[test]
     fn every_known_provider_reads_settings_under_its_own_name() {
@@ -235,10 +237,12 @@ mod tests {
             if REQUIRED_SETTINGS.contains(&known.name) {
                 let prefix = format!("SANDBOX_{}_", known.name.to_uppercase());
                 let own = format!("{}_", known.name.to_uppercase());
+                // Docker's own names for its credentials.
+                let docker = "DOCKER_SBX_";
                 assert!(
-                    r.problems.iter().all(
-                        |p| p.variable().starts_with(&prefix) || p.variable().starts_with(&own)
-                    ),
+                    r.problems.iter().all(|p| p.variable().starts_with(&prefix)
+                        || p.variable().starts_with(&own)
+                        || (known.name == "dockercloud" && p.variable().starts_with(docker))),
                     "{known:?}: {:?}",
                     r.problems
                 );
@@ -250,7 +254,7 @@ mod tests {
                 Some(known.name)
             );
         }
-        assert!(KnownProvider::find("dockercloud").is_none());
+        assert!(KnownProvider::find("firecracker").is_none());
     }
 
     #[test]

@@ -21,6 +21,8 @@ pub mod config;
 pub mod disabled;
 #[cfg(feature = "docker")]
 pub mod docker;
+#[cfg(feature = "dockercloud")]
+pub mod dockercloud;
 #[cfg(feature = "e2b")]
 pub mod e2b;
 #[cfg(feature = "openshell")]

@@ -18,9 +18,9 @@
 mod api;
 pub mod config;
 mod envd;
-mod http;
+pub(crate) mod http;
 mod orphans;
-mod paid;
+pub(crate) mod paid;
 mod runs;
 mod sandbox;
 mod smoke;

@@ -1,0 +1,421 @@
+//! The `dockercloud` provider: each run in a fresh Docker Cloud sandbox (a microVM; grants.md
+//! §7, providers.md §1), tier `vm`.
+//!
+//! The token exchange and Connect JSON ([`api`]) reach the management API, which makes,
+//! reads, lists and deletes sandboxes ([`sandbox`]): names tracked before the create, the
+//! create followed to RUNNING, what booted checked, and the seal (the effective network
+//! policy deny-all with exactly the run's entitlement) read back on every run before code
+//! runs. Each sandbox's endpoint ([`endpoint`]) takes files and runs commands under the
+//! timeout/head wrapper ([`runs`]). The startup proof is [`smoke`]; the orphan sweep deletes
+//! this instance's names no run tracks. Granted runs reach the broker through the guard; the
+//! guest's client carries its own run's guard token (Docker's proxy cannot add headers).
+//!
+//! No Docker account can be reached where plimsoll is built and tested: this provider is
+//! tested against `tests/simulators/dockercloud` (docs/dockercloud-simulator.md), never the
+//! live service.
+
+mod api;
+pub mod config;
+mod endpoint;
+mod runs;
+mod sandbox;
+mod smoke;
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, RwLock};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use plimsoll::refusal::Refusal;
+use plimsoll::tier::IsolationTier;
+
+use super::{
+    Description, Environment, Hold, ProjectPlan, ProjectReport, Provider, ProviderError, Resources,
+    SnippetOutcome, SnippetRun, TierEvidence,
+};
+use crate::config::Config;
+use crate::grant::host_client::{self, TokenPlacement};
+use crate::grant::{Delivery, GuestGrant};
+use crate::provider::docker::project::{DEFAULT_TIMEOUT, MAX_TIMEOUT};
+use crate::provider::docker::settings::{SNIPPET_DEFAULT_TIMEOUT, SNIPPET_MAX_TIMEOUT};
+use crate::provider::e2b::http::{Client, tls_config};
+use crate::provider::e2b::paid::PaidDay;
+use config::{DockerCloudConfig, Transport};
+use sandbox::{Fleet, Image, SandboxError};
+
+/// The provider id `Describe` and records name.
+pub const ID: &str = "dockercloud";
+/// The bound on one orphan sweep.
+const SWEEP_BOUND: Duration = Duration::from_secs(30);
+/// What a sandbox's budget adds to a run's timeout: staging files and reading artifacts.
+const RUN_SLACK: Duration = Duration::from_secs(30);
+/// The "Micro" size, asked for without an envelope.
+const MICRO_CPUS: u32 = 1;
+const MICRO_MEMORY_MIB: u64 = 2048;
+
+/// Everything that can go wrong between plimsolld and Docker Cloud.
+#[derive(Debug, thiserror::Error)]
+pub enum DockerCloudError {
+    #[error("dockercloud: {0}")]
+    Client(String),
+    #[error("dockercloud sandbox: {0}")]
+    Sandbox(#[from] SandboxError),
+    #[error("dockercloud run: {0}")]
+    Run(#[from] runs::RunError),
+    #[error("dockercloud {0}")]
+    Smoke(#[from] smoke::SmokeError),
+}
+
+impl From<DockerCloudError> for ProviderError {
+    fn from(e: DockerCloudError) -> ProviderError {
+        match e {
+            DockerCloudError::Sandbox(SandboxError::Quota(why)) => {
+                ProviderError::Refused(Refusal::AtCapacity(format!(
+                    "Docker Cloud's running-sandbox quota is reached ({why}); nothing ran"
+                )))
+            }
+            DockerCloudError::Sandbox(SandboxError::Refused(why)) => {
+                ProviderError::Refused(Refusal::Environment(format!(
+                    "the dockercloud sandbox was refused and deleted: {why}; nothing ran"
+                )))
+            }
+            other => ProviderError::infrastructure(other),
+        }
+    }
+}
+
+/// Where granted sandboxes reach the guard.
+struct Guard {
+    host: String,
+    url: String,
+}
+
+/// The dockercloud provider.
+pub struct DockerCloud {
+    guard: Option<Guard>,
+    paid: Arc<PaidDay>,
+    fleet: Arc<Fleet>,
+    sized: bool,
+    proven: RwLock<Option<smoke::Proven>>,
+    ready: AtomicBool,
+    resources: Resources,
+    environment: String,
+}
+
+impl DockerCloud {
+    /// The provider for `settings`; calls nothing.
+    pub fn new(
+        settings: &DockerCloudConfig,
+        config: &Config,
+    ) -> Result<DockerCloud, DockerCloudError> {
+        if settings.transport == Transport::Rest {
+            return Err(DockerCloudError::Client(
+                "SANDBOX_DOCKERCLOUD_API=rest is not implemented in this build; use connect"
+                    .to_owned(),
+            ));
+        }
+        let needs_tls = [&settings.auth_url, &settings.api_url, &settings.policy_url]
+            .iter()
+            .any(|u| u.base.tls);
+        // Endpoints may be https even when the management base is a loopback test double.
+        let tls = match tls_config() {
+            Ok(tls) => Some(tls),
+            Err(e) if needs_tls => return Err(DockerCloudError::Client(e)),
+            Err(_) => None,
+        };
+        let (image, environment) = if settings.store_image.is_empty() {
+            (
+                Image::Reference(settings.image.clone()),
+                format!("dockercloud-image:{}", settings.image),
+            )
+        } else {
+            (
+                Image::Store(settings.store_image.clone()),
+                format!("dockercloud-store-image:{}", settings.store_image),
+            )
+        };
+        let guard = settings.guard_url.as_ref().map(|g| Guard {
+            host: g.server_name().to_owned(),
+            url: format!("https://{}{}", g.server_name(), ::guard::DOCKERCLOUD_PATH),
+        });
+        let memory_mib = match config.resources.memory_mb {
+            0 => MICRO_MEMORY_MIB,
+            mb => u64::from(mb),
+        };
+        let fleet = Fleet {
+            auth: api::Auth::new(
+                &settings.auth_url,
+                tls.clone(),
+                &settings.username,
+                &settings.token,
+            ),
+            api: Client::new(settings.api_url.base.clone(), tls.clone()),
+            prefix: settings.api_url.path.clone(),
+            policy: Client::new(settings.policy_url.base.clone(), tls.clone()),
+            policy_prefix: settings.policy_url.path.clone(),
+            tls,
+            instance: hex::encode(rand::random::<[u8; 4]>()),
+            image,
+            pinned: settings.pinned_digest(),
+            cpus: if settings.cpus == 0 {
+                MICRO_CPUS
+            } else {
+                settings.cpus
+            },
+            memory_mib,
+            names: sandbox::Names::default(),
+        };
+        Ok(DockerCloud {
+            guard,
+            paid: Arc::new(PaidDay::new(config.limits.paid_seconds_per_day)),
+            sized: settings.store_image.is_empty(),
+            fleet: Arc::new(fleet),
+            proven: RwLock::new(None),
+            ready: AtomicBool::new(false),
+            resources: config.resources,
+            environment,
+        })
+    }
+
+    fn proven(&self) -> Option<smoke::Proven> {
+        self.proven
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
+    fn evidence(&self) -> TierEvidence {
+        TierEvidence {
+            tier: IsolationTier::Vm,
+            detail: format!(
+                "every run is its own Docker Cloud sandbox ({}), its network policy read back deny-all before code runs",
+                self.environment
+            ),
+        }
+    }
+
+    fn refuse_unproven(&self) -> Result<(), ProviderError> {
+        if self.ready.load(Ordering::Acquire) {
+            return Ok(());
+        }
+        Err(ProviderError::Refused(Refusal::Environment(
+            "the dockercloud provider has not passed its startup proof; nothing ran".to_owned(),
+        )))
+    }
+
+    /// A granted run's guard host and client library (carrying the run's token), or a
+    /// refusal when the grant did not come as a guard token or no guard is configured.
+    fn granted<'a>(
+        &'a self,
+        grant: Option<&GuestGrant>,
+    ) -> Result<Option<(&'a str, String)>, ProviderError> {
+        let Some(grant) = grant else { return Ok(None) };
+        let (Some(guard), Some(_)) = (&self.guard, grant.access.guard_token()) else {
+            return Err(ProviderError::Refused(Refusal::Unsupported(
+                "the dockercloud provider reaches grants only through the guard (SANDBOX_DOCKERCLOUD_GUARD_URL); nothing ran"
+                    .to_owned(),
+            )));
+        };
+        let library = host_client::node_guard(grant, &guard.url, TokenPlacement::Guest);
+        Ok(Some((&guard.host, library)))
+    }
+
+    /// A sandbox for a run of `timeout`: paid seconds reserved before the create and
+    /// charged once it is deleted (they travel with the admission slot).
+    async fn sandbox(
+        &self,
+        timeout: Duration,
+        hold: Hold,
+        guard: Option<&str>,
+    ) -> Result<sandbox::Sandbox, ProviderError> {
+        let charge = self.paid.reserve(timeout)?.map(Arc::new);
+        let hold = Hold::new((hold, charge.clone()));
+        match self.fleet.lease(timeout + RUN_SLACK, hold, guard).await {
+            Ok(sandbox) => Ok(sandbox),
+            Err(e) => {
+                // A create whose fate is unknown may be billed whole.
+                if let (SandboxError::Api(_), Some(charge)) = (&e, &charge) {
+                    charge.forfeit();
+                }
+                Err(ProviderError::from(DockerCloudError::from(e)))
+            }
+        }
+    }
+
+    async fn snippet(&self, run: SnippetRun) -> Result<SnippetOutcome, ProviderError> {
+        let timeout = run.timeout.min(SNIPPET_MAX_TIMEOUT);
+        let granted = self.granted(run.grant.as_deref())?;
+        let (host, library) = granted.map_or((None, None), |(h, l)| (Some(h), Some(l)));
+        let sandbox = self.sandbox(timeout, run.hold, host).await?;
+        let ran = runs::snippet(&sandbox, &run.code, timeout, library.as_deref())
+            .await
+            .map_err(|e| ProviderError::from(DockerCloudError::from(e)))?;
+        Ok(SnippetOutcome {
+            stdout: ran.stdout,
+            stderr: ran.stderr,
+            exit_code: ran.exit_code,
+            timed_out: ran.timed_out,
+            stdout_truncated: ran.stdout_truncated,
+            stderr_truncated: ran.stderr_truncated,
+            duration: ran.duration,
+            environment: self.environment.clone(),
+            software_identity: String::new(),
+            instance: format!("dockercloud-sandbox:{}", sandbox.id()),
+        })
+    }
+
+    async fn project(&self, mut plan: ProjectPlan) -> Result<ProjectReport, ProviderError> {
+        let budget = plan.timeout.min(MAX_TIMEOUT);
+        let hold = std::mem::take(&mut plan.hold);
+        let grant = plan.grant.clone();
+        let granted = self.granted(grant.as_deref())?;
+        let (host, library) = granted.map_or((None, None), |(h, l)| (Some(h), Some(l)));
+        let sandbox = self.sandbox(budget, hold, host).await?;
+        let result = runs::project(&sandbox, &plan, budget, library.as_deref())
+            .await
+            .map_err(|e| ProviderError::from(DockerCloudError::from(e)))?;
+        Ok(ProjectReport {
+            result,
+            environment: self.environment.clone(),
+            software_identity: String::new(),
+            instance: format!("dockercloud-sandbox:{}", sandbox.id()),
+        })
+    }
+
+    /// Deletes this instance's sandboxes that no run tracks (grants.md §7.7).
+    async fn sweep(&self) -> Result<(usize, usize), api::ApiError> {
+        let prefix = sandbox::name_prefix(&self.fleet.instance);
+        let (mut deleted, mut failed) = (0, 0);
+        for (name, id) in self.fleet.list().await? {
+            if !name.starts_with(&prefix)
+                || self.fleet.names.contains(&name)
+                || !sandbox::valid_id(&id)
+            {
+                continue;
+            }
+            match self.fleet.delete(Some(&id), &name).await {
+                Ok(()) => {
+                    tracing::info!(sandbox = %name, "dockercloud orphan sweep: deleted a sandbox no run tracks");
+                    deleted += 1;
+                }
+                Err(e) => {
+                    tracing::warn!(sandbox = %name, error = %e, "dockercloud orphan sweep: delete failed");
+                    failed += 1;
+                }
+            }
+        }
+        Ok((deleted, failed))
+    }
+}
+
+fn duration_ms(d: Duration) -> u32 {
+    u32::try_from(d.as_millis()).unwrap_or(u32::MAX)
+}
+
+#[async_trait]
+impl Provider for DockerCloud {
+    /// Configuration only: Docker's service is not called here.
+    async fn preflight(&self) -> Result<TierEvidence, ProviderError> {
+        Ok(self.evidence())
+    }
+
+    async fn prove(&self) -> Result<TierEvidence, ProviderError> {
+        let proved = smoke::prove(&self.fleet, self.sized).await;
+        // The proof's sandbox is deleted before the daemon serves (or exits).
+        self.fleet.names.settle(Duration::from_secs(40)).await;
+        let proven = proved.map_err(|e| ProviderError::from(DockerCloudError::Smoke(e)))?;
+        tracing::info!(
+            api = %self.fleet.api.origin(),
+            environment = %self.environment,
+            node = %proven.node,
+            languages = ?proven.languages,
+            instance = %self.fleet.instance,
+            "dockercloud provider proven"
+        );
+        *self.proven.write().unwrap_or_else(|e| e.into_inner()) = Some(proven);
+        self.ready.store(true, Ordering::Release);
+        Ok(self.evidence())
+    }
+
+    /// Configured and proven: nothing is asked of Docker's service.
+    async fn ready(&self) -> Result<(), String> {
+        if self.ready.load(Ordering::Acquire) {
+            Ok(())
+        } else {
+            Err("the dockercloud startup proof has not passed".to_owned())
+        }
+    }
+
+    fn current_tier(&self) -> IsolationTier {
+        if self.ready.load(Ordering::Acquire) {
+            IsolationTier::Vm
+        } else {
+            IsolationTier::None
+        }
+    }
+
+    fn describe(&self) -> Description {
+        let proven = self.proven().unwrap_or_default();
+        let environment = |default: Duration, max: Duration, languages: Vec<String>| Environment {
+            identity: self.environment.clone(),
+            default_timeout_ms: duration_ms(default),
+            max_timeout_ms: duration_ms(max),
+            software_identity: String::new(),
+            languages,
+        };
+        Description {
+            sandbox: ID,
+            supports_project: true,
+            supports_javascript_grants: self.guard.is_some(),
+            supports_project_grants: self.guard.is_some(),
+            javascript: environment(
+                SNIPPET_DEFAULT_TIMEOUT,
+                SNIPPET_MAX_TIMEOUT,
+                vec!["javascript".to_owned()],
+            ),
+            project: environment(DEFAULT_TIMEOUT, MAX_TIMEOUT, proven.languages),
+            resources: self.resources,
+            ..Description::default()
+        }
+    }
+
+    fn grant_delivery(&self) -> Delivery {
+        Delivery::Guard
+    }
+
+    async fn run_snippet(&self, run: SnippetRun) -> Result<SnippetOutcome, ProviderError> {
+        self.refuse_unproven()?;
+        self.snippet(run).await
+    }
+
+    async fn run_project(&self, plan: ProjectPlan) -> Result<ProjectReport, ProviderError> {
+        self.refuse_unproven()?;
+        self.project(plan).await
+    }
+
+    async fn sweep_orphans(&self) {
+        if !self.ready.load(Ordering::Acquire) {
+            return;
+        }
+        match tokio::time::timeout(SWEEP_BOUND, self.sweep()).await {
+            Ok(Ok((0, 0))) => {}
+            Ok(Ok((deleted, failed))) => {
+                tracing::info!(deleted, failed, "dockercloud orphan sweep");
+            }
+            Ok(Err(e)) => tracing::warn!(error = %e, "dockercloud orphan sweep: listing sandboxes"),
+            Err(_) => {
+                tracing::warn!("dockercloud orphan sweep did not finish within {SWEEP_BOUND:?}")
+            }
+        }
+    }
+
+    async fn drain(&self, budget: Duration) {
+        let left = self.fleet.names.settle(budget).await;
+        if left > 0 {
+            tracing::warn!(
+                sandboxes = left,
+                "drain: dockercloud sandboxes still being deleted; their timeout or the next sweep ends them"
+            );
+        }
+    }
+}

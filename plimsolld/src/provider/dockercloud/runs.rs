@@ -1,0 +1,329 @@
+//! Snippets and projects in a sandbox (grants.md §7.5).
+//!
+//! A snippet is uploaded to `/tmp/plimsoll-snippet.cjs` and run with `node` through the exec
+//! wrapper. A project's directories are made first (`mkdir -p`: upload does not make
+//! parents), then its files go under `/tmp/plimsoll-project` and each step into
+//! `/tmp/plimsoll-step-<i>.sh` in one upload; each step is its own wrapped exec, `sh
+//! <script>` in the project directory, with what is left of the budget minus 2 s as its
+//! in-guest limit. Timed out = exit 137 or 124 **and** the limit elapsed.
+
+use std::collections::BTreeSet;
+use std::time::{Duration, Instant};
+
+use plimsoll::wire::{Artifact, ProjectOutcome, ProjectResult, StepResult};
+
+use super::api::ApiError;
+use super::endpoint::{EXIT_FLOOD, Exec, wrapped};
+use super::sandbox::Sandbox;
+use crate::provider::ProjectPlan;
+use crate::provider::docker::settings::OUTPUT_CAP;
+
+/// The snippet's file.
+pub const SNIPPET_FILE: &str = "/tmp/plimsoll-snippet.cjs";
+/// A project's directory.
+pub const PROJECT_DIR: &str = "/tmp/plimsoll-project";
+/// A granted project's client module, loaded by every node a step starts.
+pub const HOST_LIBRARY: &str = "/tmp/plimsoll-dockercloud-host.mjs";
+/// The whole of a project's artifacts (the artifact budget).
+const ARTIFACTS_CAP: usize = 8 << 20;
+/// What the in-guest limit leaves of the budget for the call around it.
+const GUEST_MARGIN: Duration = Duration::from_secs(2);
+/// The exit of a run its deadline ended, as the answer states it.
+pub const EXIT_TIMED_OUT: i32 = 124;
+
+/// Why a run has no result.
+#[derive(Debug, thiserror::Error)]
+pub enum RunError {
+    #[error(transparent)]
+    Api(#[from] ApiError),
+}
+
+/// One wrapped command's result, judged.
+#[derive(Debug, Default)]
+pub struct Ran {
+    pub stdout: Vec<u8>,
+    pub stderr: Vec<u8>,
+    pub stdout_truncated: bool,
+    pub stderr_truncated: bool,
+    pub exit_code: i32,
+    pub timed_out: bool,
+    pub duration: Duration,
+}
+
+/// The in-guest limit for what is left of a budget.
+fn guest_limit(left: Duration) -> Duration {
+    let limit = left.saturating_sub(GUEST_MARGIN);
+    limit.max(Duration::from_secs(1))
+}
+
+fn cut(mut bytes: Vec<u8>) -> (Vec<u8>, bool) {
+    if bytes.len() > OUTPUT_CAP {
+        bytes.truncate(OUTPUT_CAP);
+        (bytes, true)
+    } else {
+        (bytes, false)
+    }
+}
+
+/// Runs `argv` through the wrapper within `left` of the budget.
+pub async fn run(
+    sandbox: &Sandbox,
+    argv: &[&str],
+    cwd: &str,
+    left: Duration,
+) -> Result<Ran, RunError> {
+    let limit = guest_limit(left);
+    let secs = limit.as_secs().max(1);
+    let cmd = wrapped(secs, OUTPUT_CAP, argv);
+    let bearer = sandbox.bearer().await?;
+    let started = Instant::now();
+    let exec: Exec = sandbox
+        .endpoint
+        .exec(&bearer, &cmd, cwd, Duration::from_secs(secs), OUTPUT_CAP)
+        .await?;
+    let duration = started.elapsed();
+    if exec.flooded {
+        return Ok(Ran {
+            exit_code: EXIT_FLOOD,
+            stdout_truncated: true,
+            stderr_truncated: true,
+            duration,
+            ..Ran::default()
+        });
+    }
+    let timed_out = matches!(exec.exit_code, 137 | 124) && duration >= Duration::from_secs(secs);
+    let (stdout, stdout_truncated) = cut(exec.stdout);
+    let (stderr, stderr_truncated) = cut(exec.stderr);
+    Ok(Ran {
+        stdout,
+        stderr,
+        stdout_truncated,
+        stderr_truncated,
+        exit_code: if timed_out {
+            EXIT_TIMED_OUT
+        } else {
+            exec.exit_code
+        },
+        timed_out,
+        duration,
+    })
+}
+
+/// Runs a snippet; a granted one gets `library` (the guard client with the run's token)
+/// prepended.
+pub async fn snippet(
+    sandbox: &Sandbox,
+    code: &str,
+    timeout: Duration,
+    library: Option<&str>,
+) -> Result<Ran, RunError> {
+    let started = Instant::now();
+    let code = match library {
+        Some(library) => format!("{library}{code}"),
+        None => code.to_owned(),
+    };
+    let bearer = sandbox.bearer().await?;
+    sandbox
+        .endpoint
+        .upload(&bearer, &[(SNIPPET_FILE.to_owned(), code.into_bytes())])
+        .await?;
+    let left = timeout.saturating_sub(started.elapsed()) + GUEST_MARGIN;
+    run(sandbox, &["node", SNIPPET_FILE], "/tmp", left).await
+}
+
+/// The path of step `i`'s script.
+fn step_script(i: usize) -> String {
+    format!("/tmp/plimsoll-step-{i}.sh")
+}
+
+/// Every directory the files need, parents first.
+fn directories(files: &[(String, Vec<u8>)]) -> Vec<String> {
+    let mut dirs = BTreeSet::new();
+    for (path, _) in files {
+        let mut at = path.as_str();
+        while let Some((parent, _)) = at.rsplit_once('/') {
+            if parent.is_empty() || parent == "/tmp" {
+                break;
+            }
+            dirs.insert(parent.to_owned());
+            at = parent;
+        }
+    }
+    dirs.into_iter().collect()
+}
+
+/// Runs a project within `budget`; once the files are staged every ending is a result.
+pub async fn project(
+    sandbox: &Sandbox,
+    plan: &ProjectPlan,
+    budget: Duration,
+    library: Option<&str>,
+) -> Result<ProjectResult, RunError> {
+    let started = Instant::now();
+    let mut files: Vec<(String, Vec<u8>)> = plan
+        .files
+        .iter()
+        .map(|f| {
+            (
+                format!("{PROJECT_DIR}/{}", f.path),
+                f.content.as_bytes().to_vec(),
+            )
+        })
+        .collect();
+    files.push((format!("{PROJECT_DIR}/.plimsoll"), Vec::new()));
+    for (i, step) in plan.steps.iter().enumerate() {
+        files.push((step_script(i), step.as_bytes().to_vec()));
+    }
+    let node_options = format!("NODE_OPTIONS=--import {HOST_LIBRARY}");
+    if let Some(library) = library {
+        files.push((HOST_LIBRARY.to_owned(), library.as_bytes().to_vec()));
+    }
+    let mut mkdir = vec!["mkdir", "-p", "--"];
+    let dirs = directories(&files);
+    mkdir.extend(dirs.iter().map(String::as_str));
+    let made = run(sandbox, &mkdir, "/tmp", budget).await?;
+    let staged = if made.exit_code != 0 {
+        Err(format!(
+            "the project directories could not be made: {}",
+            String::from_utf8_lossy(&made.stderr).trim()
+        ))
+    } else {
+        let bearer = sandbox.bearer().await?;
+        sandbox
+            .endpoint
+            .upload(&bearer, &files)
+            .await
+            .map_err(|e| format!("the project files could not be written: {e}"))
+    };
+    if let Err(detail) = staged {
+        return Ok(outcome(
+            ProjectOutcome::PROJECT_OUTCOME_SETUP_FAILED,
+            detail,
+        ));
+    }
+    let mut steps = Vec::new();
+    let mut timed_out = false;
+    for (i, command) in plan.steps.iter().enumerate() {
+        let left = budget.saturating_sub(started.elapsed());
+        if left.is_zero() {
+            timed_out = true;
+            break;
+        }
+        let script = step_script(i);
+        let argv: Vec<&str> = match library {
+            Some(_) => vec!["env", &node_options, "sh", &script],
+            None => vec!["sh", &script],
+        };
+        let ran = match run(sandbox, &argv, PROJECT_DIR, left).await {
+            Ok(ran) => ran,
+            Err(e) => {
+                tracing::warn!(sandbox = %sandbox.id(), step = i + 1, error = %e, "dockercloud: a project step was lost");
+                return Ok(outcome(
+                    ProjectOutcome::PROJECT_OUTCOME_RUNNER_FAILED,
+                    format!(
+                        "the sandbox failed after step {} began; code ran and its effects are unknown",
+                        i + 1
+                    ),
+                ));
+            }
+        };
+        let step_timed_out = ran.timed_out;
+        let exit_code = ran.exit_code;
+        steps.push(StepResult {
+            command: command.clone(),
+            stdout: ran.stdout,
+            stderr: ran.stderr,
+            exit_code,
+            timed_out: step_timed_out,
+            duration_ms: i64::try_from(ran.duration.as_millis()).unwrap_or(i64::MAX),
+            stdout_truncated: ran.stdout_truncated,
+            stderr_truncated: ran.stderr_truncated,
+            ..Default::default()
+        });
+        if step_timed_out {
+            timed_out = true;
+            break;
+        }
+        if exit_code != 0 {
+            break;
+        }
+    }
+    if timed_out {
+        let mut result = outcome(
+            ProjectOutcome::PROJECT_OUTCOME_TIMED_OUT,
+            "the run exceeded its time budget".to_owned(),
+        );
+        result.steps = steps;
+        return Ok(result);
+    }
+    let (artifacts, artifacts_truncated) = artifacts(sandbox, &plan.artifacts).await;
+    Ok(ProjectResult {
+        outcome: ProjectOutcome::PROJECT_OUTCOME_COMPLETED.into(),
+        steps,
+        artifacts,
+        artifacts_truncated,
+        ..ProjectResult::default()
+    })
+}
+
+/// The asked artifacts that exist, within the artifact budget.
+async fn artifacts(sandbox: &Sandbox, asked: &[String]) -> (Vec<Artifact>, bool) {
+    let mut found = Vec::new();
+    let mut left = ARTIFACTS_CAP;
+    let mut truncated = false;
+    let Ok(bearer) = sandbox.bearer().await else {
+        return (found, !asked.is_empty());
+    };
+    for path in asked {
+        match sandbox
+            .endpoint
+            .download(&bearer, &format!("{PROJECT_DIR}/{path}"), left + 1)
+            .await
+        {
+            Ok(Some(content)) if content.len() <= left => {
+                left -= content.len();
+                found.push(Artifact {
+                    path: path.clone(),
+                    content,
+                    ..Default::default()
+                });
+            }
+            Ok(Some(_)) => truncated = true,
+            Ok(None) => {}
+            Err(e) => {
+                tracing::warn!(sandbox = %sandbox.id(), error = %e, "dockercloud: an artifact could not be read");
+                truncated = true;
+            }
+        }
+    }
+    (found, truncated)
+}
+
+fn outcome(outcome: ProjectOutcome, detail: String) -> ProjectResult {
+    ProjectResult {
+        outcome: outcome.into(),
+        outcome_detail: detail,
+        ..ProjectResult::default()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parents_are_made_first_and_tmp_is_left_alone() {
+        let files = vec![
+            ("/tmp/plimsoll-project/a/b/c.js".to_owned(), Vec::new()),
+            ("/tmp/plimsoll-step-0.sh".to_owned(), Vec::new()),
+        ];
+        assert_eq!(
+            directories(&files),
+            [
+                "/tmp/plimsoll-project",
+                "/tmp/plimsoll-project/a",
+                "/tmp/plimsoll-project/a/b"
+            ]
+        );
+    }
+}
