@@ -28,7 +28,7 @@ pub mod e2b;
 #[cfg(feature = "openshell")]
 pub mod openshell;
 pub mod session;
-#[cfg(any(feature = "e2b", feature = "openshell"))]
+#[cfg(any(feature = "e2b", feature = "openshell", feature = "dockercloud"))]
 pub mod tracked;
 #[cfg(feature = "wasm")]
 pub mod wasm;

@@ -163,7 +163,7 @@ impl DockerCloud {
                 settings.cpus
             },
             memory_mib,
-            names: sandbox::Names::default(),
+            names: crate::provider::tracked::Tracked::default(),
         };
         Ok(DockerCloud {
             guard,

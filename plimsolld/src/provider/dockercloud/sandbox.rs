@@ -8,18 +8,18 @@
 //! code runs. A sandbox is deleted in the background once its run ends; its name and
 //! admission slot are released only when the delete finished.
 
-use std::collections::{BTreeSet, HashSet};
-use std::sync::{Arc, Mutex};
+use std::collections::BTreeSet;
+use std::sync::Arc;
 use std::time::Duration;
 
 use serde_json::{Value, json};
-use tokio::sync::Notify;
 
 use super::api::{self, ApiError, Auth};
 use super::config::Url;
 use super::endpoint::Endpoint;
 use crate::provider::Hold;
 use crate::provider::e2b::http::Client;
+use crate::provider::tracked::Tracked;
 
 /// The bound on one management call.
 const CALL_BOUND: Duration = Duration::from_secs(20);
@@ -49,45 +49,6 @@ pub enum SandboxError {
     Api(#[from] ApiError),
 }
 
-/// The names this daemon tracks: being created, in use, being deleted.
-#[derive(Default)]
-pub struct Names {
-    set: Mutex<HashSet<String>>,
-    changed: Notify,
-}
-
-impl Names {
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashSet<String>> {
-        // A panic while holding this lock leaves a valid set; keep using it.
-        self.set.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
-    fn track(&self, name: &str) {
-        self.lock().insert(name.to_owned());
-    }
-
-    fn release(&self, name: &str) {
-        self.lock().remove(name);
-        self.changed.notify_waiters();
-    }
-
-    pub fn contains(&self, name: &str) -> bool {
-        self.lock().contains(name)
-    }
-
-    /// Waits until nothing is tracked or `budget` passes; how many are left.
-    pub async fn settle(&self, budget: Duration) -> usize {
-        let deadline = tokio::time::Instant::now() + budget;
-        loop {
-            let notified = self.changed.notified();
-            let left = self.lock().len();
-            if left == 0 || tokio::time::timeout_at(deadline, notified).await.is_err() {
-                return self.lock().len();
-            }
-        }
-    }
-}
-
 /// What a sandbox boots.
 #[derive(Debug, Clone)]
 pub enum Image {
@@ -113,7 +74,7 @@ pub struct Fleet {
     pub pinned: Option<String>,
     pub cpus: u32,
     pub memory_mib: u64,
-    pub names: Names,
+    pub names: Tracked,
 }
 
 /// A sandbox a run holds. Dropping it deletes the sandbox in the background, then releases
