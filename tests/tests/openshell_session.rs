@@ -359,3 +359,80 @@ fn a_cell_after_a_stop_and_start_runs_in_a_fresh_interpreter() {
     );
     close(&d, &id);
 }
+
+/// The `p`-quantile of `times` in milliseconds.
+fn quantile(times: &mut [Duration], p: f64) -> f64 {
+    times.sort();
+    let at = ((times.len() as f64) * p).floor() as usize;
+    times[at.min(times.len() - 1)].as_secs_f64() * 1000.0
+}
+
+/// `n` calls of `call`, each timed from the client's side.
+fn timed(n: usize, mut call: impl FnMut()) -> Vec<Duration> {
+    (0..n)
+        .map(|_| {
+            let began = Instant::now();
+            call();
+            began.elapsed()
+        })
+        .collect()
+}
+
+/// The benchmark (not a timed test; run with `--ignored --nocapture`, see
+/// scripts/bench-openshell): warm Python and JavaScript cells and session snippet calls,
+/// each a whole `SessionRun` through plimsolld, beside the gateway's own exec round trip of
+/// `true` in the same sandbox, measured in the same run; prints p50, p95 and the ratios.
+#[test]
+#[ignore = "benchmark: run with --ignored --nocapture"]
+fn bench_warm_cells_and_session_calls_against_the_gateway_exec() {
+    if !docker_ready() {
+        return;
+    }
+    let n: usize = std::env::var("PLIMSOLL_BENCH_N")
+        .ok()
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(50);
+    let gw = Gateway::start();
+    let Some(d) = gw.session_daemon(&[("SANDBOX_MAX_SESSIONS", "2")]) else {
+        return;
+    };
+    let id = open(&d);
+    for language in ["python", "javascript"] {
+        for _ in 0..3 {
+            cell(&d, &id, language, "1 + 1");
+        }
+    }
+    let mut python = timed(n, || {
+        cell(&d, &id, "python", "6 * 7");
+    });
+    let mut js = timed(n, || {
+        cell(&d, &id, "javascript", "6 * 7");
+    });
+    let mut snippet = timed(n, || {
+        assert_eq!(session_js(&d, &id, "console.log(6 * 7)").status, 200);
+    });
+    let sandboxes = gw.sandboxes();
+    assert_eq!(sandboxes.len(), 1, "{sandboxes:?}");
+    let name = sandboxes[0]["name"].as_str().expect("name").to_owned();
+    let mut exec = gw.exec_round_trips(&name, n);
+    let base = quantile(&mut exec, 0.5);
+    let base95 = quantile(&mut exec, 0.95);
+    println!(
+        "openshell session, {n} sequential calls each, runtime {}:",
+        plimsoll_tests::docker::runtime()
+    );
+    println!("  gateway exec `true`     p50 {base:7.2} ms  p95 {base95:7.2} ms");
+    for (what, times) in [
+        ("warm python cell", &mut python),
+        ("warm javascript cell", &mut js),
+        ("session snippet call", &mut snippet),
+    ] {
+        let (p50, p95) = (quantile(times, 0.5), quantile(times, 0.95));
+        println!(
+            "  {what:<22}  p50 {p50:7.2} ms  p95 {p95:7.2} ms  ratio p50 {:.2}  p95 {:.2}",
+            p50 / base,
+            p95 / base95
+        );
+    }
+    close(&d, &id);
+}
