@@ -11,6 +11,8 @@ sessions on and SANDBOX_MAX_CONCURRENT=1, so the tests can see who holds the onl
   the gateway sandbox;
 - an idle session is stopped on the gateway (`StopSandbox`) and gives its slot back (a
   one-shot run then goes through); the next call starts it again with its files;
+- cells (Python and JavaScript) keep their interpreter's state from call to call; after a
+  stop and start the next cell runs in a fresh interpreter and says so;
 - a sandbox that dies ends the session as `main_process_ended`, reported to the next call;
 - SIGTERM ends every session and leaves no sandbox on the gateway.
 
@@ -208,6 +210,14 @@ class OpenShellSessionTest(unittest.TestCase):
         wrote = s.run_javascript("require('fs').writeFileSync('kept.txt', 'through a stop'); console.log('ok')")
         self.assertEqual(wrote.stdout, b"ok\n", wrote.stderr)
         instance = wrote.record.instance
+        # Cells keep their interpreter's state between calls.
+        first = s.run_cell("x = 41", "python")
+        self.assertTrue(first.interpreter_started, first)
+        kept = s.run_cell("x + 1", "python")
+        self.assertEqual((kept.stdout, kept.exit_code, kept.interpreter_started), (b"42\n", 0, False), kept)
+        s.run_cell("let y = 6", "javascript")
+        js = s.run_cell("y * 7", "javascript")
+        self.assertEqual((js.stdout, js.interpreter_started), (b"42\n", False), js)
 
         def phase() -> str:
             found = admin.by_instance(instance)
@@ -220,11 +230,13 @@ class OpenShellSessionTest(unittest.TestCase):
         read = until_admitted(lambda: s.run_javascript("console.log(require('fs').readFileSync('kept.txt', 'utf8'))"))
         self.assertEqual((read.stdout, read.exit_code), (b"through a stop\n", 0), read.stderr)
         self.assertEqual(read.record.instance, instance, "the same sandbox, started again")
-        self.assertEqual(read.record.previous_sha256, wrote.record.sha256)
+        # The stop ended the interpreter: the next cell starts a fresh one, which says so.
+        fresh = s.run_cell("print('x' in dir())", "python")
+        self.assertEqual((fresh.stdout, fresh.interpreter_started), (b"False\n", True), fresh)
         # Stopped again, then closed as it is: the delete is confirmed before the answer.
         admin.wait_for("a stopped session sandbox", lambda: phase() == "SANDBOX_PHASE_STOPPED")
         summary = s.close()
-        self.assertEqual((summary.calls, summary.end), (2, "closed"))
+        self.assertEqual((summary.calls, summary.end), (7, "closed"))
         self.assertEqual(phase(), "gone")
 
     def check_a_dead_sandbox_ends_the_session(self, client: pc.Client, admin: Admin) -> None:

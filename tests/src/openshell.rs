@@ -53,6 +53,29 @@ impl Gateway {
         self.state()[what].as_u64().unwrap_or(0)
     }
 
+    /// `n` round trips of the gateway's own exec of `true` in `sandbox`, after 3 warm-up
+    /// ones: a benchmark's baseline.
+    pub fn exec_round_trips(&self, sandbox: &str, n: usize) -> Vec<Duration> {
+        use openshell_simulator::client;
+        self.rt.block_on(async {
+            let ready = &self.sim.ready;
+            let mut c = client::connect(&ready.grpc_url, &ready.pki)
+                .await
+                .expect("a client of the simulator");
+            let mut times = Vec::with_capacity(n);
+            for i in 0..n + 3 {
+                let (exit, took) = client::exec_round_trip(&mut c, sandbox, &["true"])
+                    .await
+                    .expect("exec");
+                assert_eq!(exit, 0);
+                if i >= 3 {
+                    times.push(took);
+                }
+            }
+            times
+        })
+    }
+
     pub fn sandboxes(&self) -> Vec<Value> {
         self.state()["sandboxes"]
             .as_array()

@@ -289,7 +289,8 @@ fn bench_granted_call_through_the_relay_against_docker() {
 /// A session call on openshell lends its grant through a relay started for that call alone:
 /// the client reaches the API with the caller's token, the call's SSH-session tokens are
 /// revoked before the next call, an ungranted call sees no variable and no client, and a
-/// profile without `allow_in_sessions` is refused before anything runs.
+/// profile without `allow_in_sessions` is refused before anything runs. A cell interpreter
+/// kept from an earlier call is ended before the grant is lent (an ungranted call spares it).
 #[test]
 fn openshell_a_session_call_lends_its_grant_through_the_relay() {
     if !docker_ready() {
@@ -342,6 +343,30 @@ fn openshell_a_session_call_lends_its_grant_through_the_relay() {
         String::from_utf8_lossy(&out).into_owned()
     };
 
+    let cell = |code: &str| {
+        let resp = connect::call_as(
+            &f.alice,
+            "SessionRun",
+            &serde_json::json!({
+                "protocol": connect::PROTOCOL,
+                "sessionId": id,
+                "cell": { "language": "python", "code": code },
+            }),
+        )
+        .send(d.addr);
+        assert_eq!(resp.status, 200, "{resp}");
+        let c = resp.json()["run"]["cell"].clone();
+        let out = c["stdout"]
+            .as_str()
+            .and_then(connect::decode_base64)
+            .unwrap_or_default();
+        (
+            String::from_utf8_lossy(&out).into_owned(),
+            c["interpreterStarted"] == true,
+        )
+    };
+    assert_eq!(cell("x = 1"), (String::new(), true));
+
     let granted = snippet(
         "host.get('/items/7').then((v) => console.log(v.id, process.env.HOST_API_SOCKET.startsWith('/tmp/')))",
         "sess",
@@ -356,8 +381,16 @@ fn openshell_a_session_call_lends_its_grant_through_the_relay() {
     );
     assert_nothing_live(&gw);
 
+    // The granted call ended the kept interpreter before its grant was lent.
+    assert_eq!(
+        cell("x = 'x' in dir(); print(x)"),
+        ("False\n".to_owned(), true)
+    );
+
     let bare = snippet("console.log(process.env.HOST_API_SOCKET, typeof host)", "");
     assert_eq!(stdout(&bare), "undefined undefined\n", "{bare}");
+    // An ungranted call spares it.
+    assert_eq!(cell("print(x)"), ("False\n".to_owned(), false));
 
     f.api.clear_requests();
     let not_for_sessions = snippet("host.get('/items/7')", "inv");

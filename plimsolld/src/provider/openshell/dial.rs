@@ -7,6 +7,12 @@
 //! that saturates, 18 fixed workers (never a task per line), at most 3 live streams per
 //! SSH-session token (the gateway's own limit) with token creation serialized, and a shared
 //! back-off (100 ms doubling to 6.4 s) after a refused stream or a dial that carried nothing.
+//!
+//! One spare stream is dialled ahead of any `need` and parked in the relay (which pairs a
+//! guest with a parked dial at once, printing nothing): a guest's connection then costs no
+//! gateway round trip and no in-sandbox dial. The spare reaches the broker only once the
+//! guest's first bytes arrive, and its use dials the next spare; so at most one stream more
+//! than the needs is ever open, and a guest cannot make it more.
 //! [`Relay::close`] ends it all: the workers and every connection, then every token revoked
 //! (a token can also open an SSH session into the sandbox, so none outlives the run), then
 //! the relay itself.
@@ -309,6 +315,8 @@ pub async fn start(gateway: &Gateway, sandbox: &str, broker: PathBuf) -> Result<
         creating: tokio::sync::Mutex::new(()),
         counts: Arc::clone(&counts),
     });
+    let spares = Arc::new(Needs::default());
+    spares.add();
     let (stop, stopped) = watch::channel(false);
     let mut tasks = JoinSet::new();
     tasks.spawn(listen(
@@ -325,6 +333,7 @@ pub async fn start(gateway: &Gateway, sandbox: &str, broker: PathBuf) -> Result<
             port,
             broker: broker.clone(),
             needs: Arc::clone(&needs),
+            spares: Arc::clone(&spares),
             backoff: Arc::clone(&backoff),
             tokens: Arc::clone(&tokens),
             counts: Arc::clone(&counts),
@@ -434,6 +443,8 @@ struct Worker {
     port: u16,
     broker: PathBuf,
     needs: Arc<Needs>,
+    /// Wants one spare stream (at most one at a time: see the module's comment).
+    spares: Arc<Needs>,
     backoff: Arc<Backoff>,
     tokens: Arc<Tokens>,
     counts: Arc<Counts>,
@@ -443,20 +454,26 @@ struct Worker {
 async fn work(mut w: Worker) {
     let mut stopped = w.stopped.clone();
     loop {
-        tokio::select! {
+        let spare = tokio::select! {
             _ = stopped.wait_for(|s| *s) => return,
-            () = w.needs.take() => {}
-        }
+            () = w.needs.take() => false,
+            () = w.spares.take() => true,
+        };
         w.backoff.wait().await;
-        match dial(&mut w).await {
+        match dial(&mut w, spare).await {
             Ok(true) => {
                 w.counts.carried.fetch_add(1, Ordering::Relaxed);
                 w.backoff.reset();
             }
             Ok(false) | Err(()) => {
-                // Refused, or nothing passed: the need comes back, and every worker pauses.
+                // Refused, or nothing passed: the need (or the spare) comes back, and every
+                // worker pauses.
                 w.counts.failed.fetch_add(1, Ordering::Relaxed);
-                w.needs.add();
+                if spare {
+                    w.spares.add();
+                } else {
+                    w.needs.add();
+                }
                 w.backoff.fail();
             }
         }
@@ -464,8 +481,9 @@ async fn work(mut w: Worker) {
 }
 
 /// Opens one stream into the relay and joins it with a broker connection; answers whether
-/// any byte passed. `Err` when the stream could not be opened.
-async fn dial(w: &mut Worker) -> Result<bool, ()> {
+/// any byte passed. `Err` when the stream could not be opened. A `spare` waits parked for
+/// its guest's first bytes before it reaches the broker, and then asks for the next spare.
+async fn dial(w: &mut Worker, spare: bool) -> Result<bool, ()> {
     let token = w.tokens.claim().await.map_err(|e| {
         tracing::debug!(sandbox = %w.sandbox, error = %e, "no SSH-session token");
     })?;
@@ -501,8 +519,29 @@ async fn dial(w: &mut Worker) -> Result<bool, ()> {
         }
     };
     w.counts.dials.fetch_add(1, Ordering::Relaxed);
+    let mut inbound = inbound;
+    let first = if spare {
+        match first_data(&mut inbound, w.stopped.clone()).await {
+            Some(first) => {
+                w.spares.add();
+                first
+            }
+            None => {
+                w.tokens.release(&token);
+                return Ok(false);
+            }
+        }
+    } else {
+        Vec::new()
+    };
     let carried = match UnixStream::connect(&w.broker).await {
-        Ok(conn) => join(conn, tx, inbound, w.stopped.clone()).await,
+        Ok(mut conn) => {
+            if !first.is_empty() && conn.write_all(&first).await.is_err() {
+                false
+            } else {
+                join(conn, tx, inbound, w.stopped.clone()).await || !first.is_empty()
+            }
+        }
         Err(e) => {
             tracing::warn!(broker = %w.broker.display(), error = %e, "cannot reach the run's broker socket");
             false
@@ -511,6 +550,26 @@ async fn dial(w: &mut Worker) -> Result<bool, ()> {
     // The stream is over for the gateway once `join` returned: give its room back.
     w.tokens.release(&token);
     Ok(carried)
+}
+
+/// A parked spare's first bytes from the guest; `None` when the stream ended first or the run
+/// stopped.
+async fn first_data(
+    inbound: &mut Streaming<TcpForwardFrame>,
+    mut stopped: watch::Receiver<bool>,
+) -> Option<Vec<u8>> {
+    loop {
+        tokio::select! {
+            _ = stopped.wait_for(|s| *s) => return None,
+            message = inbound.message() => match message {
+                Ok(Some(TcpForwardFrame { payload: Some(Frame::Data(data)) })) if !data.is_empty() => {
+                    return Some(data);
+                }
+                Ok(Some(_)) => {}
+                Ok(None) | Err(_) => return None,
+            },
+        }
+    }
 }
 
 /// Copies between the broker connection and the stream until both directions end (or the

@@ -18,6 +18,8 @@
 //! tested against `tests/simulators/openshell`, itself checked with OpenShell's published
 //! client (docs/openshell-simulator.md).
 
+mod cell;
+mod cells;
 pub mod config;
 mod dial;
 mod exec;

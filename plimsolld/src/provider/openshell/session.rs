@@ -7,14 +7,13 @@
 //! - before each call: `StartSandbox` if the idle watcher stopped it (and a new baseline, the
 //!   processes being new), then the full read-back again; any difference ends the session;
 //! - the calls: snippets (`node -` in the work directory) and projects (the shared runner),
-//!   exactly as one-shot runs, granted ones through the relay;
+//!   exactly as one-shot runs, granted ones through the relay; cells in the docker session's
+//!   kernels over the gateway's exec ([`super::cell`], [`super::cells`]), their state kept
+//!   between calls, ended before a project or a granted call;
 //! - after each call: the docker session's sweep, non-dumpable under the runner guard, kills
 //!   whatever the call left running and measures the disk;
 //! - suspend is `StopSandbox` (files stay, processes end, the admission slot is given back);
 //!   the end is a confirmed delete.
-//!
-//! Cells are not offered here yet: the cell kernels' identity proofs need a second uid that
-//! the gateway's exec cannot choose.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -31,8 +30,8 @@ use super::{Inner, Proven};
 use crate::grant::GuestGrant;
 use crate::provider::docker::session_boundary::{self as boundary, Listed};
 use crate::provider::{
-    Hold, OpenedSession, ProjectPlan, ProjectReport, ProviderError, SessionFault, SessionOpen,
-    SessionSandbox, SnippetOutcome,
+    CellCall, CellOutcome, Hold, OpenedSession, ProjectPlan, ProjectReport, ProviderError,
+    SessionFault, SessionOpen, SessionSandbox, SnippetOutcome,
 };
 
 /// The lister's and the sweep's budget.
@@ -61,6 +60,8 @@ pub struct OpenShellSession {
     keep: Vec<String>,
     /// Stopped by the idle watcher; the next call starts it.
     stopped: bool,
+    /// The live cell interpreters, at most one per language.
+    pub(super) interpreters: Vec<super::cell::Interpreter>,
     disk_mb: u32,
 }
 
@@ -82,6 +83,7 @@ pub(super) async fn open(
         lease: Some(lease),
         keep: Vec::new(),
         stopped: false,
+        interpreters: Vec::new(),
         disk_mb: open.disk_mb,
     };
     match session.baseline().await {
@@ -137,6 +139,17 @@ impl OpenShellSession {
                 "the session's sandbox is gone",
             )
         })
+    }
+
+    /// The languages the image runs (proven at startup).
+    pub(super) fn languages(&self) -> &[String] {
+        &self.proven.languages
+    }
+
+    /// The gateway and the sandbox name, for a cell interpreter.
+    pub(super) fn target(&self) -> Result<(super::gateway::Gateway, String), SessionFault> {
+        let lease = self.lease()?;
+        Ok((lease.gateway().clone(), lease.name().to_owned()))
     }
 
     fn name(&self) -> &str {
@@ -338,7 +351,23 @@ impl SessionSandbox for OpenShellSession {
         })
     }
 
+    async fn hold_kept(&mut self) -> Result<u32, SessionFault> {
+        // The relay's socket is the grant and every session process runs as the guest: the
+        // interpreters end before the grant is lent (the next cell starts a fresh one and
+        // says so), and the sweep proves they are gone.
+        if self.end_interpreters().await {
+            self.sweep().await?;
+        }
+        Ok(0)
+    }
+
+    async fn cell(&mut self, call: CellCall) -> Result<CellOutcome, SessionFault> {
+        self.run_cell(call).await
+    }
+
     async fn project(&mut self, plan: ProjectPlan) -> Result<ProjectReport, SessionFault> {
+        // A same-uid interpreter could read the runner's stdin (its report key): they end.
+        self.end_interpreters().await;
         let lease = self.lease()?;
         let budget = plan
             .timeout
@@ -367,6 +396,7 @@ impl SessionSandbox for OpenShellSession {
     }
 
     async fn sweep(&mut self) -> Result<(), SessionFault> {
+        let kept = self.interpreter_ids();
         let lease = self.lease()?;
         let disk_bytes = u64::from(self.disk_mb) * 1024 * 1024;
         let args = [
@@ -380,7 +410,7 @@ impl SessionSandbox for OpenShellSession {
         let command = boundary_command(
             boundary::SWEEP,
             true,
-            args.iter().chain(&self.keep),
+            args.iter().chain(&self.keep).chain(&kept),
             SWEEP_OUTPUT_CAP,
         );
         let ran = exec::run(lease.gateway(), lease.name(), command).await;
@@ -418,6 +448,8 @@ impl SessionSandbox for OpenShellSession {
         match lease.gateway().stop(lease.name()).await {
             Ok(_) => {
                 self.stopped = true;
+                // The stop ended every process: the next cell starts a fresh interpreter.
+                self.drop_interpreters();
                 Ok(())
             }
             Err(e) => {

@@ -27,6 +27,7 @@
 #![forbid(unsafe_code)]
 
 pub mod admin;
+pub mod client;
 pub mod clock;
 pub mod docker;
 pub mod faults;

@@ -33,6 +33,16 @@ mod launch;
 #[cfg(test)]
 mod tests;
 
+/// What cells on openshell share with these: the scripts, the relay's frames, the identities.
+#[cfg(feature = "openshell")]
+pub(crate) mod shared {
+    pub(crate) use super::frames::{Frame, FrameError, Lines, QUEUE};
+    pub(crate) use super::launch::{
+        CHECK_JS, END_JS, ENV_INTERP_DIR, ENV_WORK, LAUNCH_SCRIPT, RELAY_JS,
+    };
+    pub(crate) use super::{CellError, CellLanguage, CellOutcome, ProcessId};
+}
+
 use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
