@@ -88,7 +88,7 @@ pub enum SessionConfigProblem {
     },
     /// Sessions were asked of a provider that keeps none.
     #[error(
-        "SANDBOX_MAX_SESSIONS={value} but the {provider} provider keeps no sessions (sessions need the docker provider and its project image, or openshell); unset it or set 0"
+        "SANDBOX_MAX_SESSIONS={value} but the {provider} provider keeps no sessions (sessions need the docker provider and its project image, openshell or e2b); unset it or set 0"
     )]
     ProviderWithoutSessions { value: u32, provider: &'static str },
     /// A pool without sessions, larger than the session cap, or on a provider other than
