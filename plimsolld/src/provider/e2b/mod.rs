@@ -295,9 +295,12 @@ impl Provider for E2b {
     async fn prove(&self) -> Result<TierEvidence, ProviderError> {
         // What a crash of an earlier daemon left cannot carry this instance's stamp; the
         // sweep after the proof judges the proof's own VM if its kill failed.
+        let started = std::time::Instant::now();
         let proved = smoke::prove(&self.fleet).await;
         // The proof's VM is killed before the daemon serves (or exits).
         self.fleet.leases.settle(Duration::from_secs(40)).await;
+        // Its seconds are the daemon's own: charged to the daemon's allowance as spent.
+        self.paid.charge_spent(started.elapsed());
         let proven = proved.map_err(|e| ProviderError::from(E2bError::Smoke(e)))?;
         tracing::info!(
             api = %self.fleet.api.origin(),
