@@ -176,7 +176,7 @@ fn an_e2b_session_keeps_files_kills_leftovers_and_pauses_when_idle() {
 fn an_e2b_session_whose_vm_changed_ends_as_sandbox_changed() {
     require_e2b!();
     let e2b = E2bSim::start();
-    let d = session_daemon(&e2b, &[("SANDBOX_SESSION_IDLE", "0")]);
+    let d = session_daemon(&e2b, &[("SANDBOX_SESSION_IDLE", "10m")]);
     for (method, path) in [("DELETE", ""), ("POST", "/pause")] {
         let id = open(&d);
         let (_, instance) = js(&d, &id, "console.log(1)");

@@ -223,7 +223,7 @@ fn e2b_session_grants_follow_e2b_session_grants() {
             ("PLIMSOLL_GUARD_ADDR", "127.0.0.1:0"),
             ("E2B_SESSION_GRANTS", mode),
             ("SANDBOX_MAX_SESSIONS", "2"),
-            ("SANDBOX_SESSION_IDLE", "0"),
+            ("SANDBOX_SESSION_IDLE", "10m"),
         ]) {
             env.retain(|(name, _)| *name != k);
             env.push((k, v));
