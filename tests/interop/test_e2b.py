@@ -30,6 +30,7 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 sys.dont_write_bytecode = True  # no __pycache__ beside the tests
 
 import plimsoll_client as pc  # noqa: E402  (from the venv's site-packages)
+from plimsoll_client.workspace import Workspace  # noqa: E402
 from plimsolld_process import ROOT, Plimsolld  # noqa: E402
 
 TEMPLATE_IMAGE = "plimsoll-sim/e2b-base:latest"
@@ -124,6 +125,54 @@ class E2bInteropTest(unittest.TestCase):
                         self.assertEqual(project.outcome, "completed", project.detail)
                         self.assertEqual(project.steps[1].stdout, b"42\n")
                         self.assertEqual([(a.path, a.content) for a in project.artifacts], [("out.txt", b"42\n")])
+                    finally:
+                        code = daemon.stop()
+                    self.assertEqual(code, 0, "plimsolld after SIGTERM; its log:\n" + "\n".join(daemon.log))
+                finally:
+                    sim.stop()
+
+    def test_a_workspace_session_keeps_files_in_one_microvm_and_sweeps_leftovers(self) -> None:
+        for runtime in RUNTIMES:
+            with self.subTest(runtime=runtime):
+                sim = Simulator(runtime)
+                try:
+                    ready = sim.ready
+                    daemon = Plimsolld(
+                        {
+                            "SANDBOX_PROVIDER": "e2b",
+                            "E2B_API_KEY": ready["apiKey"],
+                            "E2B_API_URL": ready["api"],
+                            "E2B_SANDBOX_URL": ready["envd"],
+                            "E2B_TEMPLATE": "base",
+                            "SANDBOX_MAX_SESSIONS": "2",
+                        },
+                        start_timeout=START_TIMEOUT,
+                        stop_timeout=90.0,
+                        token=True,
+                    )
+                    try:
+                        client = pc.Client(daemon.url, daemon.token, request_timeout=REQUEST_TIMEOUT)
+                        self.assertTrue(client.describe().supports_sessions)
+                        with Workspace(client.open_session(minimum_isolation="vm", owner="agent")) as ws:
+                            ws.write("notes/plan.txt", "kept across calls\n")
+                            ran = ws.exec("cat notes/plan.txt && echo 41 > n.txt")
+                            self.assertEqual((ran.exit_code, ran.stdout), (0, b"kept across calls\n"), ran.stderr_text)
+                            s = ws.session
+                            self.assertEqual((s.provider, s.isolation), ("e2b", "vm"))
+                            left = s.run_javascript(
+                                "require('child_process').spawn('sleep', ['4242'], {detached: true, stdio: 'ignore'}).unref();"
+                                "console.log(require('os').userInfo().username)"
+                            )
+                            self.assertEqual((left.stdout, left.exit_code), (b"user\n", 0), left.stderr)
+                            self.assertRegex(left.record.instance, r"^e2b-sandbox:[a-z0-9]+$")
+                            swept = s.run_javascript(
+                                "const fs = require('fs'); console.log(fs.readdirSync('/proc').filter(p => /^[0-9]+$/.test(p))"
+                                ".filter(p => { try { return fs.readFileSync(`/proc/${p}/cmdline`, 'latin1').includes('4242'); }"
+                                " catch { return false; } }).length)"
+                            )
+                            self.assertEqual(swept.stdout, b"0\n", swept.stderr)
+                            self.assertEqual(swept.record.instance, left.record.instance, "one VM")
+                            self.assertEqual(ws.read("n.txt"), b"41\n")
                     finally:
                         code = daemon.stop()
                     self.assertEqual(code, 0, "plimsolld after SIGTERM; its log:\n" + "\n".join(daemon.log))

@@ -31,6 +31,9 @@ macro_rules! require_e2b {
     };
 }
 
+#[path = "e2b/session.rs"]
+mod session;
+
 // === calls ===
 
 fn send(addr: SocketAddr, req: &Request) -> Response {

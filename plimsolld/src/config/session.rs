@@ -88,7 +88,7 @@ pub enum SessionConfigProblem {
     },
     /// Sessions were asked of a provider that keeps none.
     #[error(
-        "SANDBOX_MAX_SESSIONS={value} but the {provider} provider keeps no sessions (sessions need the docker provider and its project image, or openshell); unset it or set 0"
+        "SANDBOX_MAX_SESSIONS={value} but the {provider} provider keeps no sessions (sessions need the docker provider and its project image, openshell or e2b); unset it or set 0"
     )]
     ProviderWithoutSessions { value: u32, provider: &'static str },
     /// A pool without sessions, larger than the session cap, or on a provider other than
@@ -151,6 +151,21 @@ pub fn read(
         problems.push(SessionConfigProblem::ProviderWithoutSessions {
             value: max_sessions,
             provider: provider.name(),
+        });
+    }
+    // A metered provider bills a session that never suspends for its whole lifetime.
+    if max_sessions > 0
+        && idle.is_zero()
+        && let Some(provider) = provider
+        && provider.settings().metered()
+    {
+        problems.push(SessionConfigProblem::Duration {
+            var: ENV_SESSION_IDLE,
+            value: "0".to_owned(),
+            reason: format!(
+                "never suspends a session, which the metered {} provider bills throughout; set 1s to 12h",
+                provider.name()
+            ),
         });
     }
     if let Some(reason) = pool_problem(pool, max_sessions, provider) {
@@ -330,6 +345,21 @@ mod tests {
         assert!(problems.iter().any(|p| p.contains("1048576")));
         let (_, long) = read_map(&[(ENV_SESSION_LIFETIME, "13h")], docker());
         assert_eq!(long.len(), 1);
+    }
+
+    #[test]
+    fn a_metered_provider_refuses_sessions_that_never_suspend() {
+        let e2b = || ProviderConfig::E2b(Default::default());
+        let (_, problems) = read_map(&[(ENV_MAX_SESSIONS, "2"), (ENV_SESSION_IDLE, "0")], e2b());
+        assert_eq!(problems.len(), 1, "{problems:?}");
+        assert!(problems[0].contains("metered"), "{problems:?}");
+        let (_, fine) = read_map(&[(ENV_MAX_SESSIONS, "2"), (ENV_SESSION_IDLE, "1m")], e2b());
+        assert!(fine.is_empty(), "{fine:?}");
+        let (_, docker) = read_map(
+            &[(ENV_MAX_SESSIONS, "2"), (ENV_SESSION_IDLE, "0")],
+            docker(),
+        );
+        assert!(docker.is_empty(), "{docker:?}");
     }
 
     #[test]

@@ -29,6 +29,9 @@ pub struct SessionOpen {
     /// The session's broker socket, mounted at open because a running sandbox cannot gain a
     /// mount; it serves only the grant a call lends (grants.md §3, providers.md §9.3).
     pub host_socket: Option<PathBuf>,
+    /// The session's guard token when the provider delivers grants through the guard (e2b):
+    /// a VM whose network rule must name it is made with it (grants.md §6.7).
+    pub guard_token: Option<crate::grant::GuardToken>,
 }
 
 /// A session sandbox the provider opened and verified.

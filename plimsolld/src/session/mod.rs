@@ -131,6 +131,9 @@ impl Sessions {
                     .as_ref()
                     .and_then(|s| s.access().socket())
                     .map(std::path::Path::to_owned),
+                guard_token: slot
+                    .as_ref()
+                    .and_then(|s| s.access().guard_token().cloned()),
             })
             .await?;
         let stated = stated(&opened);

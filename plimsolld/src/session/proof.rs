@@ -30,6 +30,7 @@ async fn prove_once(provider: &dyn Provider, config: &SessionConfig) -> Result<(
             languages: Vec::new(),
             disk_mb: config.disk_mb,
             host_socket: None,
+            guard_token: None,
         })
         .await
         .map_err(|e| format!("session proof: open: {e}"))?;

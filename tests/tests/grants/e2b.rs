@@ -160,3 +160,153 @@ fn e2b_runs_reach_only_their_grant_through_the_guard() {
     assert_eq!(out.stdout, "blocked\n", "{out:?}");
     sim.wait_empty(Duration::from_secs(60));
 }
+
+/// The session's VM's network as its read-back shows it: `(allowOut, guard token)`.
+fn network_of(sim: &E2bSim, session_instance: &str) -> (Value, Option<String>) {
+    let id = session_instance
+        .strip_prefix("e2b-sandbox:")
+        .expect("an e2b-sandbox instance");
+    let (status, detail) = sim.api("GET", &format!("/sandboxes/{id}"), None);
+    assert_eq!(status, 200, "{detail}");
+    (detail["network"]["allowOut"].clone(), token_of(sim, id))
+}
+
+/// One session call as alice: the answer's `run`, or the refusal.
+fn session_call(
+    d: &Daemon,
+    token: &str,
+    id: &str,
+    code: &str,
+    profile: &str,
+) -> Result<Value, connect::ConnectError> {
+    let mut js = json!({ "code": code });
+    if !profile.is_empty() {
+        js["grantProfile"] = json!(profile);
+    }
+    let body = json!({ "protocol": connect::PROTOCOL, "sessionId": id, "timeoutMs": 30_000, "javascript": js });
+    let resp = connect::call_as(token, "SessionRun", &body).send(d.addr);
+    if resp.status != 200 {
+        return Err(connect::ConnectError::of(&resp));
+    }
+    Ok(resp.json()["run"].clone())
+}
+
+fn stdout_of(run: &Value) -> String {
+    let b64 = run["javascript"]["stdout"].as_str().unwrap_or_default();
+    String::from_utf8_lossy(&connect::decode_base64(b64).expect("base64")).into_owned()
+}
+
+/// `E2B_SESSION_GRANTS` (grants.md §6.7): `session` makes the session's VM with the guard rule
+/// and one session-long token that serves only while a call has lent its grant (401 between
+/// calls); `call` keeps the VM deny-all between calls and puts the rule on
+/// (`PUT /sandboxes/{id}/network`) only for a granted call; unset refuses a granted session
+/// call `unsupported` with nothing run and nothing reaching the API.
+#[test]
+fn e2b_session_grants_follow_e2b_session_grants() {
+    if !e2b_ready() {
+        return;
+    }
+    let f = Fixture::start();
+    f.write_grants(&super::sessions::session_profiles(&f));
+    let sim = E2bSim::start();
+    let granted = "(async () => { console.log((await host.get('/items/7')).id); })().catch((e) => { console.error(String(e)); process.exit(3); });";
+    // Past the client and the CA check: only the guard's answer (or no way out) counts.
+    let raw = format!(
+        "const r = require('https').request({{ host: '{GUARD_HOST}', path: '/v1/e2b/guard', method: 'POST', rejectUnauthorized: false, headers: {{ 'content-type': 'application/json' }} }}, (res) => {{ console.log(res.statusCode); res.resume(); }});\n\
+         r.on('error', () => console.log('blocked'));\n\
+         r.end(JSON.stringify({{ method: 'GET', path: '/items/7' }}));"
+    );
+    for mode in ["session", "call", ""] {
+        let mut env = f.env(&[]);
+        for (k, v) in sim.env(&[
+            ("E2B_GUARD_URL", &format!("https://{GUARD_HOST}")),
+            ("PLIMSOLL_GUARD_ADDR", "127.0.0.1:0"),
+            ("E2B_SESSION_GRANTS", mode),
+            ("SANDBOX_MAX_SESSIONS", "2"),
+            ("SANDBOX_SESSION_IDLE", "10m"),
+        ]) {
+            env.retain(|(name, _)| *name != k);
+            env.push((k, v));
+        }
+        let d = Daemon::start_within(&borrowed(&env), START_TIMEOUT);
+        let guard_addr = d.listening["guard_addr"]
+            .as_str()
+            .unwrap_or_default()
+            .to_owned();
+        sim.sim
+            .map_host(GUARD_HOST, &format!("http://{guard_addr}"), None)
+            .expect("map the guard");
+        f.api.clear_requests();
+        let resp = connect::call_as(
+            &f.alice,
+            "OpenSession",
+            &json!({ "protocol": connect::PROTOCOL }),
+        )
+        .send(d.addr);
+        assert_eq!(resp.status, 200, "{mode}: open: {resp}");
+        let id = resp.json()["sessionId"]
+            .as_str()
+            .expect("sessionId")
+            .to_owned();
+        let first = session_call(&d, &f.alice, &id, "console.log('hi')", "").expect("a plain call");
+        let instance = first["instance"].as_str().unwrap_or_default().to_owned();
+        let (allow, opened_token) = network_of(&sim, &instance);
+        match mode {
+            "session" => {
+                assert_eq!(allow, json!([GUARD_HOST]), "{mode}");
+                let token = opened_token.expect("the session's token in the rule");
+                // Between calls the token is dead at the guard, and the guest sees 401.
+                let envelope = r#"{"method":"GET","path":"/items/7"}"#;
+                assert_eq!(post_to_guard(&guard_addr, &token, envelope), 401, "{mode}");
+                let out = stdout_of(&session_call(&d, &f.alice, &id, &raw, "").expect("raw"));
+                assert_eq!(out, "401\n", "{mode}: an ungranted call reaches no grant");
+                for _ in 0..2 {
+                    let run = session_call(&d, &f.alice, &id, granted, "sess").expect("granted");
+                    assert_eq!(stdout_of(&run), "7\n", "{mode}: {run}");
+                    assert_eq!(
+                        network_of(&sim, &instance).1.as_deref(),
+                        Some(token.as_str())
+                    );
+                }
+                assert_eq!(post_to_guard(&guard_addr, &token, envelope), 401, "{mode}");
+                let tokens = bearers(&f.api.requests());
+                assert_eq!(tokens.len(), 2, "{mode}: {:?}", f.api.requests());
+                assert_eq!(verify_jwt(&tokens[0], SECRET)["sub"], "alice");
+            }
+            "call" => {
+                assert!(
+                    allow.is_null() || allow == json!([]),
+                    "{mode}: deny-all between calls: {allow}"
+                );
+                assert!(opened_token.is_none(), "{mode}");
+                for _ in 0..2 {
+                    let run = session_call(&d, &f.alice, &id, granted, "sess").expect("granted");
+                    assert_eq!(stdout_of(&run), "7\n", "{mode}: {run}");
+                    // The rule is off again once the call is answered.
+                    let (allow, token) = network_of(&sim, &instance);
+                    assert!(allow.is_null() || allow == json!([]), "{mode}: {allow}");
+                    assert!(token.is_none(), "{mode}");
+                }
+                let out = stdout_of(&session_call(&d, &f.alice, &id, &raw, "").expect("raw"));
+                assert_eq!(out, "blocked\n", "{mode}: no way out between granted calls");
+                let tokens = bearers(&f.api.requests());
+                assert_eq!(tokens.len(), 2, "{mode}: {:?}", f.api.requests());
+                assert_eq!(verify_jwt(&tokens[0], SECRET)["sub"], "alice");
+            }
+            _ => {
+                assert!(opened_token.is_none(), "unset: no rule");
+                let err = session_call(&d, &f.alice, &id, granted, "sess").expect_err("refused");
+                assert_eq!(err.code, "unimplemented", "unset: {err:?}");
+                assert!(
+                    bearers(&f.api.requests()).is_empty(),
+                    "nothing reached the API"
+                );
+                // The session goes on.
+                let run = session_call(&d, &f.alice, &id, "console.log('on')", "").expect("on");
+                assert_eq!(stdout_of(&run), "on\n");
+            }
+        }
+        drop(d);
+        sim.wait_empty(Duration::from_secs(60));
+    }
+}

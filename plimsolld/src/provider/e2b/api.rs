@@ -105,6 +105,9 @@ pub struct Detail {
     pub metadata: BTreeMap<String, String>,
     #[serde(default)]
     pub network: Option<Network>,
+    /// `running` or `paused`.
+    #[serde(default)]
+    pub state: String,
 }
 
 /// The control plane.
@@ -220,6 +223,63 @@ impl Api {
             }
         }
         Err(last)
+    }
+
+    /// `POST /sandboxes/{id}/pause`: 204, or 409 when it is paused already.
+    pub async fn pause(&self, id: &str) -> Result<(), ApiError> {
+        let response = self
+            .call(Method::POST, &format!("/sandboxes/{id}/pause"), None)
+            .await?;
+        let status = response.status;
+        if status.is_success() || status == StatusCode::CONFLICT {
+            return Ok(());
+        }
+        Err(ApiError::Status(response.error_text().await, status))
+    }
+
+    /// `POST /v2/sandboxes/{id}/connect` with E2B's timeout for it from now: 200 (it ran) or
+    /// 201 (it was paused and runs again) with the sandbox's tokens; `None` when E2B knows no
+    /// such sandbox.
+    pub async fn connect(&self, id: &str, timeout: Duration) -> Result<Option<Created>, ApiError> {
+        let body = serde_json::to_vec(&serde_json::json!({"timeout": timeout.as_secs().max(1)}))
+            .map_err(|e| ApiError::Answer(e.to_string()))?;
+        let response = self
+            .call(
+                Method::POST,
+                &format!("/v2/sandboxes/{id}/connect"),
+                Some(body),
+            )
+            .await?;
+        match response.status {
+            StatusCode::OK | StatusCode::CREATED => {}
+            StatusCode::NOT_FOUND => return Ok(None),
+            status => return Err(ApiError::Status(response.error_text().await, status)),
+        }
+        let body = response
+            .bytes(MAX_ANSWER, CALL_BOUND)
+            .await
+            .map_err(ApiError::Answer)?;
+        serde_json::from_slice(&body)
+            .map(Some)
+            .map_err(|e| ApiError::Answer(e.to_string()))
+    }
+
+    /// `PUT /sandboxes/{id}/network` (`SandboxNetworkUpdateConfig`): E2B replaces the egress
+    /// config as a whole; ingress (`allowPublicTraffic`) is not part of it and stays.
+    pub async fn set_network(&self, id: &str, network: &Network) -> Result<(), ApiError> {
+        let update = Network {
+            allow_public_traffic: None,
+            ..network.clone()
+        };
+        let body = serde_json::to_vec(&update).map_err(|e| ApiError::Answer(e.to_string()))?;
+        let response = self
+            .call(Method::PUT, &format!("/sandboxes/{id}/network"), Some(body))
+            .await?;
+        let status = response.status;
+        if status.is_success() {
+            return Ok(());
+        }
+        Err(ApiError::Status(response.error_text().await, status))
     }
 
     /// Every running or paused sandbox whose metadata holds all of `filter`.

@@ -201,6 +201,11 @@ fn url(r: &mut Reader<'_>, var: &'static str) -> Option<BaseUrl> {
 // === impl ProviderSettings for E2bConfig ===
 
 impl ProviderSettings for E2bConfig {
+    /// One VM per session, paused while idle (grants.md §6.7).
+    fn keeps_sessions(&self) -> bool {
+        true
+    }
+
     fn read(r: &mut Reader<'_>, _shared: &SharedSettings) -> E2bConfig {
         let mut config = E2bConfig::default();
         let key = r.trimmed(ENV_E2B_API_KEY);

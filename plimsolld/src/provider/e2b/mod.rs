@@ -23,6 +23,7 @@ mod orphans;
 pub(crate) mod paid;
 mod runs;
 mod sandbox;
+mod session;
 mod smoke;
 
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -43,7 +44,7 @@ use crate::grant::{Delivery, GuestGrant};
 use crate::provider::docker::project::{DEFAULT_TIMEOUT, MAX_TIMEOUT};
 use crate::provider::docker::settings::{SNIPPET_DEFAULT_TIMEOUT, SNIPPET_MAX_TIMEOUT};
 use crate::provider::tracked::Tracked;
-use config::{E2bConfig, EnvdRoute};
+use config::{E2bConfig, EnvdRoute, SessionGrants};
 use sandbox::{Fleet, GuardRule, SandboxError};
 
 /// The provider id `Describe` and records name.
@@ -88,6 +89,7 @@ impl From<E2bError> for ProviderError {
 }
 
 /// Where granted VMs reach the guard.
+#[derive(Clone)]
 struct Guard {
     /// The guard URL's host name (the VM's one allowed destination).
     host: String,
@@ -98,6 +100,8 @@ struct Guard {
 /// The e2b provider.
 pub struct E2b {
     guard: Option<Guard>,
+    /// How a session's granted calls reach the guard (`E2B_SESSION_GRANTS`).
+    session_grants: SessionGrants,
     paid: Arc<paid::PaidDay>,
     fleet: Arc<Fleet>,
     proven: RwLock<Option<smoke::Proven>>,
@@ -128,6 +132,7 @@ impl E2b {
         });
         Ok(E2b {
             guard,
+            session_grants: settings.session_grants,
             paid: Arc::new(paid::PaidDay::new(config.limits.paid_seconds_per_day)),
             fleet: Arc::new(Fleet {
                 api,
@@ -215,10 +220,15 @@ impl E2b {
         timeout: Duration,
         hold: Hold,
         rule: Option<GuardRule<'_>>,
+        extra: &[(&str, String)],
     ) -> Result<sandbox::Vm, ProviderError> {
         let charge = self.paid.reserve(timeout)?.map(Arc::new);
         let hold = Hold::new((hold, charge.clone()));
-        match self.fleet.lease(timeout + RUN_SLACK, hold, rule).await {
+        match self
+            .fleet
+            .lease_stamped(timeout + RUN_SLACK, hold, rule, extra)
+            .await
+        {
             Ok(vm) => Ok(vm),
             Err(e) => {
                 if let (SandboxError::Lost(_), Some(charge)) = (&e, &charge) {
@@ -233,7 +243,7 @@ impl E2b {
         let timeout = run.timeout.min(SNIPPET_MAX_TIMEOUT);
         let granted = self.granted(run.grant.as_deref())?;
         let (rule, library) = granted.map_or((None, None), |(r, l)| (Some(r), Some(l)));
-        let vm = self.vm(timeout, run.hold, rule).await?;
+        let vm = self.vm(timeout, run.hold, rule, &[]).await?;
         let ran = runs::snippet(&vm, &run.code, timeout, library.as_deref())
             .await
             .map_err(|e| ProviderError::from(E2bError::from(e)))?;
@@ -259,7 +269,7 @@ impl E2b {
         let grant = plan.grant.clone();
         let granted = self.granted(grant.as_deref())?;
         let (rule, library) = granted.map_or((None, None), |(r, l)| (Some(r), Some(l)));
-        let vm = self.vm(budget, hold, rule).await?;
+        let vm = self.vm(budget, hold, rule, &[]).await?;
         let result = runs::project(&vm, &plan, budget, library.as_deref())
             .await
             .map_err(|e| ProviderError::from(E2bError::from(e)))?;
@@ -286,9 +296,12 @@ impl Provider for E2b {
     async fn prove(&self) -> Result<TierEvidence, ProviderError> {
         // What a crash of an earlier daemon left cannot carry this instance's stamp; the
         // sweep after the proof judges the proof's own VM if its kill failed.
+        let started = std::time::Instant::now();
         let proved = smoke::prove(&self.fleet).await;
         // The proof's VM is killed before the daemon serves (or exits).
         self.fleet.leases.settle(Duration::from_secs(40)).await;
+        // Its seconds are the daemon's own: charged to the daemon's allowance as spent.
+        self.paid.charge_spent(started.elapsed());
         let proven = proved.map_err(|e| ProviderError::from(E2bError::Smoke(e)))?;
         tracing::info!(
             api = %self.fleet.api.origin(),
@@ -341,6 +354,9 @@ impl Provider for E2b {
                 vec!["javascript".to_owned()],
             ),
             project: environment(DEFAULT_TIMEOUT, MAX_TIMEOUT, proven.languages),
+            // Session calls are snippets and projects in one VM; no cell language yet.
+            supports_sessions: true,
+            session: environment(DEFAULT_TIMEOUT, MAX_TIMEOUT, Vec::new()),
             resources: self.resources,
             ..Description::default()
         }
@@ -358,6 +374,14 @@ impl Provider for E2b {
     async fn run_project(&self, plan: ProjectPlan) -> Result<ProjectReport, ProviderError> {
         self.refuse_unproven()?;
         self.project(plan).await
+    }
+
+    async fn open_session(
+        &self,
+        open: super::SessionOpen,
+    ) -> Result<super::OpenedSession, ProviderError> {
+        self.refuse_unproven()?;
+        session::open(self, open).await
     }
 
     async fn sweep_orphans(&self) {

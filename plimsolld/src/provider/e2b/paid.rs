@@ -83,6 +83,20 @@ impl PaidDay {
         }))
     }
 
+    /// Charges `spent` outright, whether or not it fits: the startup proof's VM, made before
+    /// the daemon serves, is the daemon's own cost and is never refused.
+    pub fn charge_spent(&self, spent: Duration) {
+        if self.limit.is_zero() {
+            return;
+        }
+        let day = today();
+        let mut used = self.lock();
+        if used.0 != day {
+            *used = (day, Duration::ZERO);
+        }
+        used.1 += spent;
+    }
+
     /// What is reserved or spent today.
     #[cfg(test)]
     fn used(&self) -> Duration {
@@ -133,6 +147,10 @@ mod tests {
         }
         drop(lost);
         assert!(day.used() >= Duration::from_secs(63));
+        // The proof's VM is charged even past the allowance, and then refuses runs.
+        day.charge_spent(Duration::from_secs(40));
+        assert!(day.used() >= Duration::from_secs(103));
+        assert!(day.reserve(Duration::from_secs(1)).is_err());
         let none = Arc::new(PaidDay::new(0));
         assert!(matches!(none.reserve(Duration::from_secs(3600)), Ok(None)));
     }

@@ -60,7 +60,8 @@ pub struct GuardRule<'a> {
 }
 
 impl GuardRule<'_> {
-    fn network(&self) -> Network {
+    /// The VM's network with this rule on.
+    pub fn network(&self) -> Network {
         let mut headers = serde_json::Map::new();
         headers.insert("X-Plimsoll-Guard".to_owned(), self.token.into());
         Network {
@@ -100,6 +101,16 @@ impl Vm {
     /// The sandbox id.
     pub fn id(&self) -> &str {
         &self.id
+    }
+
+    /// The lease stamp it was made with.
+    pub fn lease(&self) -> &str {
+        &self.lease
+    }
+
+    /// The fleet it belongs to (its control plane and envelope).
+    pub fn fleet(&self) -> &Fleet {
+        &self.fleet
     }
 }
 
@@ -143,7 +154,7 @@ impl Fleet {
     }
 
     /// Whether `detail` carries this instance's `lease` stamp.
-    fn ours(&self, detail: &Detail, lease: &str) -> bool {
+    pub fn ours(&self, detail: &Detail, lease: &str) -> bool {
         detail.metadata.get(STAMP_INSTANCE) == Some(&self.instance)
             && detail.metadata.get(STAMP_LEASE).map(String::as_str) == Some(lease)
     }
@@ -155,10 +166,22 @@ impl Fleet {
         hold: Hold,
         guard: Option<GuardRule<'_>>,
     ) -> Result<Vm, SandboxError> {
+        self.lease_stamped(budget, hold, guard, &[]).await
+    }
+
+    /// [`Fleet::lease`] with `extra` metadata beside the stamps (a session's `session` and
+    /// `expires`); an extra never overwrites a stamp.
+    pub async fn lease_stamped(
+        self: &Arc<Self>,
+        budget: Duration,
+        hold: Hold,
+        guard: Option<GuardRule<'_>>,
+        extra: &[(&str, String)],
+    ) -> Result<Vm, SandboxError> {
         let lease = hex::encode(rand::random::<[u8; 16]>());
         // Tracked before the request leaves: the orphan sweep never kills a VM being made.
         self.leases.track(&lease);
-        let made = self.create(&lease, budget, guard).await;
+        let made = self.create(&lease, budget, guard, extra).await;
         match made {
             Ok((id, envd)) => Ok(Vm {
                 fleet: self.clone(),
@@ -179,11 +202,17 @@ impl Fleet {
         lease: &str,
         budget: Duration,
         guard: Option<GuardRule<'_>>,
+        extra: &[(&str, String)],
     ) -> Result<(String, Envd), SandboxError> {
         let network = guard
             .as_ref()
             .map_or_else(Network::deny_all, GuardRule::network);
-        let metadata = self.stamps(lease);
+        let mut metadata = self.stamps(lease);
+        for (key, value) in extra {
+            metadata
+                .entry((*key).to_owned())
+                .or_insert_with(|| value.clone());
+        }
         let new = NewSandbox {
             template_id: &self.template,
             timeout: budget.as_secs_f64().ceil() as u64 + BACKSTOP_SLACK.as_secs(),
@@ -231,6 +260,11 @@ impl Fleet {
         Ok((id, envd))
     }
 
+    /// The envd of VM `id` with its access tokens (a resumed VM may answer new ones).
+    pub fn envd_for(&self, id: &str, access: &str, traffic: &str) -> Result<Envd, HttpError> {
+        Envd::new(&self.envd_route, self.tls.clone(), id, access, traffic)
+    }
+
     async fn kill_now(&self, id: &str) {
         if let Err(e) = self.api.kill(id).await {
             tracing::warn!(sandbox = %id, error = %e, "e2b: a refused VM could not be killed; the orphan sweep retries");
@@ -239,7 +273,7 @@ impl Fleet {
 
     /// What in a read-back is outside the envelope or not deny-all (but for the guard's host
     /// on a granted VM), if anything. The read-back holds the guard token: never logged.
-    fn mismatch(&self, detail: &Detail, guard_host: Option<&str>) -> Option<String> {
+    pub fn mismatch(&self, detail: &Detail, guard_host: Option<&str>) -> Option<String> {
         let r = self.resources;
         if r.memory_mb > 0 && detail.memory_mb > u64::from(r.memory_mb) {
             return Some(format!(

@@ -170,9 +170,10 @@ impl Vms {
             pids_limit: Some(1024),
             readonly_rootfs: Some(true),
             tmpfs: Some(tmpfs),
-            // Root in the VM keeps what envd's file API and a cleanup need; uid 1000 gets no
-            // capability at all (docker grants none to a non-root exec) and, with
-            // no-new-privileges and no setuid file in the template, no way to root.
+            // Root in the VM keeps what envd's file API, its start of a process as the user
+            // (SETUID, SETGID) and a cleanup need; uid 1000 gets no capability at all (a
+            // change of uid away from root drops them) and, with no-new-privileges and no
+            // setuid file in the template, no way to root.
             cap_drop: Some(vec!["ALL".to_owned()]),
             cap_add: Some(
                 [
@@ -182,6 +183,8 @@ impl Vms {
                     "FSETID",
                     "KILL",
                     "NET_BIND_SERVICE",
+                    "SETGID",
+                    "SETUID",
                 ]
                 .map(str::to_owned)
                 .to_vec(),

@@ -120,6 +120,16 @@ async fn start(app: Arc<App>, target: Target, request: Request) -> Response {
     };
     let deadline = prepared.timeout.map(|t| received + t);
     let mut args: Vec<String> = vec!["spawn".into(), "--cwd".into(), prepared.cwd.clone()];
+    // envd itself runs as root and starts the process as the user, so root's cleanup killing
+    // every process of the user never kills envd's side of a stream.
+    if prepared.user.uid != 0 {
+        args.extend([
+            "--uid".into(),
+            prepared.user.uid.to_string(),
+            "--gid".into(),
+            prepared.user.gid.to_string(),
+        ]);
+    }
     if let Some(deadline) = deadline {
         let left = deadline.saturating_duration_since(Instant::now()) + KILL_MARGIN;
         args.extend(["--timeout-ms".into(), left.as_millis().to_string()]);
@@ -136,12 +146,7 @@ async fn start(app: Arc<App>, target: Target, request: Request) -> Response {
     let arg_refs: Vec<&str> = args.iter().map(String::as_str).collect();
     let spawned = app
         .vms
-        .agent(
-            &target.container,
-            prepared.user.name,
-            &arg_refs,
-            prepared.stdin,
-        )
+        .agent(&target.container, "root", &arg_refs, prepared.stdin)
         .await;
     let mut exec = match spawned {
         Ok(exec) => exec,

@@ -1,7 +1,8 @@
 //! `guest spawn` and `guest signal`: envd's process start and signal, inside the VM.
 //!
-//! `spawn [--timeout-ms N] [--stdin] --cwd DIR [--env NAME=value]... -- CMD [ARG]...` runs
-//! `/bin/sh -c 'exec "$@"' -- CMD ARG...` as the exec's user (docker exec picked it) with
+//! `spawn [--timeout-ms N] [--stdin] [--uid N --gid N] --cwd DIR [--env NAME=value]... -- CMD
+//! [ARG]...` runs `/bin/sh -c 'exec "$@"' -- CMD ARG...` as the uid and gid given (else as the
+//! exec's user) with
 //! exactly the given environment, like envd's `/bin/sh` wrapper. It writes a pid frame, then
 //! output frames of at most 32 KiB as the pipes deliver them (envd's chunk size), then, once
 //! both pipes are closed (envd waits for them too), the end frame with the wait status.
@@ -66,6 +67,12 @@ pub(super) async fn run(args: &[String]) -> Result<ExitCode, String> {
         .stdin(if stdin { Stdio::piped() } else { Stdio::null() })
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
+    // Started as root like envd, the process runs as the user asked (no supplementary
+    // groups, and no capability survives the change of uid).
+    if flag(options, "--uid").is_some() {
+        sh.uid(number(options, "--uid")?)
+            .gid(number(options, "--gid")?);
+    }
     for pair in flags(options, "--env") {
         if let Some((name, value)) = pair.split_once('=') {
             sh.env(name, value);
