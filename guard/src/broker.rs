@@ -1,9 +1,10 @@
 //! The guard's side of the link to the broker ([`crate::link`]): one HTTP/2 connection over
 //! the broker's guard socket, shared by every request and opened again when it breaks (a
-//! broker that restarts costs the requests in flight at that moment, nothing more).
+//! broker that restarts costs the requests in flight at that moment, nothing more). A live
+//! lookup is reused for a moment ([`crate::live`]); the call itself is always the broker's.
 
 use std::path::{Path, PathBuf};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use http::header::CONTENT_TYPE;
@@ -14,6 +15,7 @@ use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use tokio::net::UnixStream;
 
 use crate::link;
+use crate::live::LiveTokens;
 use crate::token::TokenHash;
 
 /// Bound on a lookup, connecting included.
@@ -78,6 +80,7 @@ pub enum CallAnswer {
 pub struct BrokerLink {
     socket: PathBuf,
     sender: tokio::sync::Mutex<Option<SendRequest<Full<Bytes>>>>,
+    live: LiveTokens,
 }
 
 // === impl BrokerLink ===
@@ -88,6 +91,7 @@ impl BrokerLink {
         BrokerLink {
             socket: socket.into(),
             sender: tokio::sync::Mutex::new(None),
+            live: LiveTokens::default(),
         }
     }
 
@@ -98,6 +102,9 @@ impl BrokerLink {
 
     /// Whether `hash` names a live token now.
     pub async fn lookup(&self, hash: &TokenHash) -> Result<Lookup, LinkError> {
+        if self.live.recently_live(hash, Instant::now()) {
+            return Ok(Lookup::Live);
+        }
         let ask = async {
             // Idempotent: one retry on a fresh connection if the kept one broke.
             let first = self.lookup_once(hash).await;
@@ -106,9 +113,13 @@ impl BrokerLink {
                 other => other,
             }
         };
-        tokio::time::timeout(LOOKUP_TIMEOUT, ask)
+        let found = tokio::time::timeout(LOOKUP_TIMEOUT, ask)
             .await
-            .map_err(|_| LinkError::Timeout(LOOKUP_TIMEOUT))?
+            .map_err(|_| LinkError::Timeout(LOOKUP_TIMEOUT))??;
+        if found == Lookup::Live {
+            self.live.remember(*hash, Instant::now());
+        }
+        Ok(found)
     }
 
     async fn lookup_once(&self, hash: &TokenHash) -> Result<Lookup, LinkError> {
@@ -125,7 +136,10 @@ impl BrokerLink {
         let request = request(Method::POST, link::CALL_PATH, hash, envelope)?;
         let (status, verdict, content_type, body) = self.exchange(request).await?;
         Ok(match verdict.as_deref() {
-            Some(link::UNKNOWN_TOKEN) => CallAnswer::Unknown,
+            Some(link::UNKNOWN_TOKEN) => {
+                self.live.forget(hash);
+                CallAnswer::Unknown
+            }
             Some(link::BAD_ENVELOPE) => CallAnswer::BadEnvelope,
             _ => CallAnswer::Relay {
                 status: status.as_u16(),

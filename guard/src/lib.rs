@@ -36,6 +36,8 @@ pub mod daemon;
 pub mod handler;
 #[cfg(feature = "server")]
 pub mod listener;
+#[cfg(feature = "server")]
+pub mod live;
 #[cfg(feature = "start")]
 pub mod start;
 #[cfg(feature = "tls")]
