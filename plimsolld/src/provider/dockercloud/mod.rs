@@ -53,6 +53,8 @@ const SWEEP_BOUND: Duration = Duration::from_secs(30);
 const RUN_SLACK: Duration = Duration::from_secs(30);
 /// The longest REST run: its endpoint credential lives at most 300 s (grants.md §7.3).
 const REST_MAX_TIMEOUT: Duration = Duration::from_secs(270);
+// A run and the calls around it fit in one endpoint credential's life.
+const _: () = assert!(REST_MAX_TIMEOUT.as_secs() < rest::CREDENTIAL_TTL.as_secs());
 /// The "Micro" size, asked for without an envelope.
 const MICRO_CPUS: u32 = 1;
 const MICRO_MEMORY_MIB: u64 = 2048;
@@ -176,12 +178,8 @@ impl DockerCloud {
         })
     }
 
-    /// The longest run of a kind whose own maximum is `max`: REST runs are capped at 270 s.
     fn max_timeout(&self, max: Duration) -> Duration {
-        match self.fleet.transport {
-            Transport::Connect => max,
-            Transport::Rest => max.min(REST_MAX_TIMEOUT),
-        }
+        capped(self.fleet.transport, max)
     }
 
     fn proven(&self) -> Option<smoke::Proven> {
@@ -319,6 +317,14 @@ impl DockerCloud {
     }
 }
 
+/// The longest run of a kind whose own maximum is `max`: REST runs are capped at 270 s.
+fn capped(transport: Transport, max: Duration) -> Duration {
+    match transport {
+        Transport::Connect => max,
+        Transport::Rest => max.min(REST_MAX_TIMEOUT),
+    }
+}
+
 fn duration_ms(d: Duration) -> u32 {
     u32::try_from(d.as_millis()).unwrap_or(u32::MAX)
 }
@@ -428,5 +434,18 @@ impl Provider for DockerCloud {
                 "drain: dockercloud sandboxes still being deleted; their timeout or the next sweep ends them"
             );
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rest_runs_fit_in_one_endpoint_credential() {
+        let long = Duration::from_secs(600);
+        assert_eq!(capped(Transport::Rest, long), REST_MAX_TIMEOUT);
+        assert_eq!(capped(Transport::Connect, long), long);
+        assert_eq!(capped(Transport::Rest, MAX_TIMEOUT), MAX_TIMEOUT);
     }
 }
