@@ -131,6 +131,13 @@ impl DockerCloudSim {
         state["sandboxes"].as_array().cloned().unwrap_or_default()
     }
 
+    /// The simulator's whole admin state (sandboxes, operations, endpoint credentials).
+    pub fn admin_state(&self) -> Value {
+        self.rt
+            .block_on(self.sim.state())
+            .expect("the simulator's state")
+    }
+
     /// The names of the simulator's sandboxes.
     pub fn names(&self) -> Vec<String> {
         self.sandboxes()

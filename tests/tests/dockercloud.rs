@@ -358,3 +358,132 @@ fn the_days_paid_seconds_refuse_runs_once_spent() {
     let v = answered(&d, &snippet("console.log('fits')", 5_000));
     assert_eq!(field(&v["javascript"], "stdout"), "fits\n", "{v}");
 }
+
+/// The REST transport (`SANDBOX_DOCKERCLOUD_API=rest`, grants.md §7.3): a guard URL fails
+/// startup; runs (snippet, timeout, project with artifacts) go through the REST endpoint with
+/// sandbox-scoped endpoint credentials; maxima within 270 s; the seal is read back per run
+/// and its faults refuse before code runs; quota is `capacity`; a delete whose answer lies
+/// (the sandbox kept) is not believed: it is re-read and resent until the sandbox is gone.
+#[test]
+fn the_rest_transport_runs_seals_and_deletes_until_gone() {
+    require_dockercloud!();
+    let cloud = DockerCloudSim::start();
+    let rest_url = cloud.sim.ready.rest_url.clone();
+    let rest = [
+        ("SANDBOX_DOCKERCLOUD_API", "rest"),
+        ("SANDBOX_DOCKERCLOUD_API_URL", rest_url.as_str()),
+    ];
+    let mut guarded = rest.to_vec();
+    guarded.push(("SANDBOX_DOCKERCLOUD_GUARD_URL", "https://guard.example.com"));
+    guarded.push(("PLIMSOLL_GUARD_ADDR", "127.0.0.1:0"));
+    let stderr = cloud.refused(&guarded);
+    assert!(stderr.contains("SANDBOX_DOCKERCLOUD_GUARD_URL"), "{stderr}");
+    assert!(stderr.contains("connect transport"), "{stderr}");
+    assert!(cloud.names().is_empty(), "{:?}", cloud.names());
+
+    let mut d = cloud.daemon(&rest);
+    assert_eq!(d.listening["isolation"], "vm", "{}", d.listening);
+    assert!(cloud.names().is_empty(), "{:?}", cloud.sandboxes());
+    let v = send(d.addr, &connect::call("Describe", &json!({}))).json();
+    assert_ne!(
+        v["supportsJavascriptGrants"], true,
+        "grants are refused on REST: {v}"
+    );
+    for kind in ["javascriptEnvironment", "projectEnvironment"] {
+        let max = v[kind]["maxTimeoutMs"].as_u64().unwrap_or(u64::MAX);
+        assert!(max > 0 && max <= 270_000, "{kind}: {v}");
+    }
+
+    let v = answered(&d, &snippet("console.log(6*7); console.error('e')", 20_000));
+    assert_eq!(field(&v["javascript"], "stdout"), "42\n", "{v}");
+    assert_eq!(field(&v["javascript"], "stderr"), "e\n", "{v}");
+    let state = cloud.admin_state();
+    assert!(
+        state["endpoint_credentials"].as_u64().unwrap_or(0) > 0,
+        "runs use endpoint credentials: {state}"
+    );
+    let v = answered(&d, &snippet("for(;;){}", 2_000));
+    assert_eq!(v["javascript"]["timedOut"], true, "{v}");
+
+    let mut body = connect::project(
+        &[
+            ("main.js", "console.log(require('./lib/deep/answer.js'))"),
+            ("lib/deep/answer.js", "module.exports = 42"),
+        ],
+        &["node main.js > out.txt", "cat out.txt && pwd"],
+    );
+    body["project"]["artifacts"] = json!(["out.txt", "absent.txt"]);
+    body["timeoutMs"] = json!(60_000);
+    let v = answered(&d, &body);
+    assert_eq!(v["project"]["outcome"], "PROJECT_OUTCOME_COMPLETED", "{v}");
+    assert_eq!(
+        field(&v["project"]["steps"][1], "stdout"),
+        "42\n/tmp/plimsoll-project\n",
+        "{v}"
+    );
+    let artifacts = v["project"]["artifacts"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
+    assert_eq!(artifacts.len(), 1, "an absent artifact is left out: {v}");
+    assert_eq!(field(&artifacts[0], "content"), "42\n", "{v}");
+    cloud.wait_empty(Duration::from_secs(60));
+
+    // The seal, read back through the REST API on every run.
+    let code = "console.log('ran')";
+    let cases = [
+        (
+            Faults {
+                policy_not_deny_all: true,
+                ..Faults::default()
+            },
+            "allowAll",
+        ),
+        (
+            Faults {
+                extra_allowed_network: Some("example.com:443".into()),
+                ..Faults::default()
+            },
+            "example.com:443",
+        ),
+    ];
+    for (faults, needle) in cases {
+        cloud.faults(&faults);
+        let err = refused_run(&d, &snippet(code, 10_000));
+        assert_eq!(err.code, "failed_precondition", "{faults:?}: {err:?}");
+        assert!(err.message.contains("nothing ran"), "{faults:?}: {err:?}");
+        assert!(err.message.contains(needle), "{faults:?}: {err:?}");
+        cloud.wait_empty(Duration::from_secs(60));
+    }
+    cloud.faults(&Faults {
+        quota_reached: true,
+        ..Faults::default()
+    });
+    let err = refused_run(&d, &snippet(code, 10_000));
+    assert_eq!(err.code, "resource_exhausted", "{err:?}");
+
+    // A delete that answers success yet keeps the sandbox is not believed.
+    cloud.faults(&Faults {
+        rest_delete_keeps_sandbox: true,
+        ..Faults::default()
+    });
+    let v = answered(&d, &snippet(code, 10_000));
+    assert_eq!(field(&v["javascript"], "stdout"), "ran\n", "{v}");
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while !d
+        .logs()
+        .iter()
+        .any(|l| l.contains("answered, yet the sandbox is still there"))
+    {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no re-read after the delete:\n{}",
+            d.logs().join("\n")
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    assert_eq!(cloud.names().len(), 1, "{:?}", cloud.sandboxes());
+    cloud.faults(&Faults::default());
+    cloud.wait_empty(Duration::from_secs(30));
+    assert!(d.sigterm().success(), "{}", d.logs().join("\n"));
+}

@@ -233,6 +233,68 @@ pub async fn unary(
         .map_err(|e| ApiError::Answer(format!("{procedure}: not JSON: {e}")))
 }
 
+/// The REST API's error body (`{code, message}`, codes camelCase) as the Connect error of
+/// the same name, so both transports are judged by one code (`resource_exhausted`, …).
+fn rest_error(what: &str, status: StatusCode, body: &[u8]) -> ApiError {
+    let mut e = connect_error(what, status, body);
+    if let ApiError::Rpc { code, .. } = &mut e {
+        let mut snake = String::with_capacity(code.len() + 4);
+        for c in code.chars() {
+            if c.is_ascii_uppercase() {
+                snake.push('_');
+            }
+            snake.push(c.to_ascii_lowercase());
+        }
+        *code = snake;
+    }
+    e
+}
+
+/// One REST call: `method` on `path` with `bearer`, a JSON body when given and `extra`
+/// headers; a 2xx answer's JSON (`null` when empty), else its error as [`ApiError::Rpc`].
+pub async fn rest(
+    client: &Client,
+    method: Method,
+    path: &str,
+    bearer: &str,
+    body: Option<&Value>,
+    extra: &[(&'static str, &str)],
+    bound: Duration,
+) -> Result<Value, ApiError> {
+    let mut headers = HeaderMap::new();
+    let auth = HeaderValue::from_str(&format!("Bearer {bearer}"))
+        .map_err(|_| ApiError::Answer("the bearer is not a header value".to_owned()))?;
+    headers.insert(http::header::AUTHORIZATION, auth);
+    if body.is_some() {
+        headers.insert(
+            http::header::CONTENT_TYPE,
+            HeaderValue::from_static("application/json"),
+        );
+    }
+    for (name, value) in extra {
+        let value = HeaderValue::from_str(value)
+            .map_err(|_| ApiError::Answer(format!("{name} is not a header value")))?;
+        headers.insert(*name, value);
+    }
+    let what = format!("{method} {}", path.split('?').next().unwrap_or(path));
+    let payload = body.map_or_else(Bytes::new, |b| Bytes::from(b.to_string()));
+    let response = client
+        .send(method, path, headers, payload, None, bound)
+        .await?;
+    let status = response.status;
+    let answer = response
+        .bytes(MAX_ANSWER, bound)
+        .await
+        .map_err(|e| ApiError::Answer(format!("{what}: {e}")))?;
+    if !status.is_success() {
+        return Err(rest_error(&what, status, &answer));
+    }
+    if answer.is_empty() {
+        return Ok(Value::Null);
+    }
+    serde_json::from_slice(&answer).map_err(|e| ApiError::Answer(format!("{what}: not JSON: {e}")))
+}
+
 /// One envelope of a Connect stream.
 pub fn envelope(message: &Value) -> Vec<u8> {
     let body = message.to_string().into_bytes();
@@ -329,5 +391,15 @@ mod tests {
         let e = connect_error("/x", StatusCode::UNAUTHORIZED, body);
         assert_eq!(e.code(), Some("unauthenticated"));
         assert!(!e.to_string().contains("dckr_pat_abc"), "{e}");
+    }
+
+    #[test]
+    fn rest_codes_read_as_connect_codes() {
+        let body =
+            br#"{"code":"resourceExhausted","message":"Maximum running sandboxes quota reached"}"#;
+        let e = rest_error("POST /v1/sandboxes", StatusCode::TOO_MANY_REQUESTS, body);
+        assert_eq!(e.code(), Some("resource_exhausted"));
+        let e = rest_error("GET /v1/sandboxes/x", StatusCode::NOT_FOUND, b"not json");
+        assert_eq!(e.code(), Some("http 404"));
     }
 }

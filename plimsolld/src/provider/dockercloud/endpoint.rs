@@ -3,6 +3,9 @@
 //! client stream: per file a header frame, then data frames of at most 512 KiB) and
 //! `FileService/Download` (a server stream of header, data and per-file error frames).
 //!
+//! Over REST the same three calls take the REST routes ([`super::rest_endpoint`]); what is
+//! sent and how the answers are judged is this file's either way.
+//!
 //! The API has no timeout and no output bound: [`wrapped`] makes every command run under
 //! `timeout -s KILL` with `head -c` on each stream, its exit status through a file.
 
@@ -13,7 +16,8 @@ use base64::engine::general_purpose::STANDARD;
 use serde_json::{Value, json};
 
 use super::api::{self, ApiError};
-use super::config::Url;
+use super::config::{Transport, Url};
+use super::rest_endpoint;
 use crate::provider::e2b::http::Client;
 
 /// The largest data frame an upload sends.
@@ -62,6 +66,7 @@ pub struct Exec {
 
 /// A sandbox's endpoint.
 pub struct Endpoint {
+    transport: Transport,
     client: Client,
     path: String,
 }
@@ -76,8 +81,13 @@ fn decode(v: &Value) -> Result<Vec<u8>, ApiError> {
 }
 
 impl Endpoint {
-    pub fn new(url: Url, tls: Option<std::sync::Arc<rustls::ClientConfig>>) -> Endpoint {
+    pub fn new(
+        transport: Transport,
+        url: Url,
+        tls: Option<std::sync::Arc<rustls::ClientConfig>>,
+    ) -> Endpoint {
         Endpoint {
+            transport,
             client: Client::new(url.base, tls),
             path: url.path,
         }
@@ -96,15 +106,34 @@ impl Endpoint {
         let bound = limit + EXEC_SLACK;
         // Both streams base64 at cap + 1 bytes each, and the message around them.
         let most = (2 * (cap + 1)).div_ceil(3) * 4 * 2 + 4096;
-        let answer = api::unary(
-            &self.client,
-            &self.path,
-            "/docker.sbx.process.v1.ProcessService/Exec",
-            bearer,
-            &json!({ "cmd": cmd, "workingDir": cwd }),
-            bound,
-        )
-        .await;
+        let message = json!({ "cmd": cmd, "workingDir": cwd });
+        let answer = match self.transport {
+            Transport::Connect => {
+                api::unary(
+                    &self.client,
+                    &self.path,
+                    "/docker.sbx.process.v1.ProcessService/Exec",
+                    bearer,
+                    &message,
+                    bound,
+                )
+                .await
+            }
+            Transport::Rest => {
+                let path = format!("{}/v1/processes/exec", self.path);
+                let post = http::Method::POST;
+                api::rest(
+                    &self.client,
+                    post,
+                    &path,
+                    bearer,
+                    Some(&message),
+                    &[],
+                    bound,
+                )
+                .await
+            }
+        };
         let answer = match answer {
             Ok(answer) => answer,
             Err(ApiError::Answer(why)) if why.contains("body") && why.contains("length limit") => {
@@ -135,6 +164,12 @@ impl Endpoint {
 
     /// Writes `files` (absolute paths; their parents must exist) in one upload stream.
     pub async fn upload(&self, bearer: &str, files: &[(String, Vec<u8>)]) -> Result<(), ApiError> {
+        if self.transport == Transport::Rest {
+            let path = format!("{}/v1/files/upload", self.path);
+            let written =
+                rest_endpoint::upload(&self.client, &path, bearer, files, FILE_BOUND).await?;
+            return check_written(written, files.len());
+        }
         let mut frames = Vec::new();
         for (path, data) in files {
             frames.extend(api::envelope(
@@ -159,13 +194,7 @@ impl Endpoint {
             .first()
             .and_then(|a| a["filesWritten"].as_u64())
             .unwrap_or(0);
-        if written != files.len() as u64 {
-            return Err(ApiError::Answer(format!(
-                "the upload wrote {written} of {} files",
-                files.len()
-            )));
-        }
-        Ok(())
+        check_written(written, files.len())
     }
 
     /// Reads `path`: `None` when it is absent or unreadable, an error when the whole answer
@@ -176,6 +205,13 @@ impl Endpoint {
         path: &str,
         limit: usize,
     ) -> Result<Option<Vec<u8>>, ApiError> {
+        if self.transport == Transport::Rest {
+            let route = format!("{}/v1/files/download", self.path);
+            let read =
+                rest_endpoint::download(&self.client, &route, bearer, path, limit, FILE_BOUND)
+                    .await?;
+            return within(path, read, limit);
+        }
         let frames = api::envelope(&json!({ "paths": [path] }));
         let route = format!("{}/docker.sbx.files.v1.FileService/Download", self.path);
         // base64 and framing around `limit` bytes of content.
@@ -203,11 +239,26 @@ impl Endpoint {
                 content.extend(decode(data)?);
             }
         }
-        if content.len() > limit {
-            return Err(ApiError::Answer(format!(
-                "{path} is larger than {limit} bytes"
-            )));
-        }
-        Ok(found.then_some(content))
+        within(path, found.then_some(content), limit)
     }
+}
+
+/// The upload's answer must count every file sent.
+fn check_written(written: u64, files: usize) -> Result<(), ApiError> {
+    if written != files as u64 {
+        return Err(ApiError::Answer(format!(
+            "the upload wrote {written} of {files} files"
+        )));
+    }
+    Ok(())
+}
+
+/// A downloaded file within the artifact budget.
+fn within(path: &str, read: Option<Vec<u8>>, limit: usize) -> Result<Option<Vec<u8>>, ApiError> {
+    if read.as_ref().is_some_and(|c| c.len() > limit) {
+        return Err(ApiError::Answer(format!(
+            "{path} is larger than {limit} bytes"
+        )));
+    }
+    Ok(read)
 }

@@ -17,6 +17,8 @@
 mod api;
 pub mod config;
 mod endpoint;
+mod rest;
+mod rest_endpoint;
 mod runs;
 mod sandbox;
 mod smoke;
@@ -49,6 +51,10 @@ pub const ID: &str = "dockercloud";
 const SWEEP_BOUND: Duration = Duration::from_secs(30);
 /// What a sandbox's budget adds to a run's timeout: staging files and reading artifacts.
 const RUN_SLACK: Duration = Duration::from_secs(30);
+/// The longest REST run: its endpoint credential lives at most 300 s (grants.md §7.3).
+const REST_MAX_TIMEOUT: Duration = Duration::from_secs(270);
+// A run and the calls around it fit in one endpoint credential's life.
+const _: () = assert!(REST_MAX_TIMEOUT.as_secs() < rest::CREDENTIAL_TTL.as_secs());
 /// The "Micro" size, asked for without an envelope.
 const MICRO_CPUS: u32 = 1;
 const MICRO_MEMORY_MIB: u64 = 2048;
@@ -108,12 +114,6 @@ impl DockerCloud {
         settings: &DockerCloudConfig,
         config: &Config,
     ) -> Result<DockerCloud, DockerCloudError> {
-        if settings.transport == Transport::Rest {
-            return Err(DockerCloudError::Client(
-                "SANDBOX_DOCKERCLOUD_API=rest is not implemented in this build; use connect"
-                    .to_owned(),
-            ));
-        }
         let needs_tls = [&settings.auth_url, &settings.api_url, &settings.policy_url]
             .iter()
             .any(|u| u.base.tls);
@@ -143,6 +143,7 @@ impl DockerCloud {
             mb => u64::from(mb),
         };
         let fleet = Fleet {
+            transport: settings.transport,
             auth: api::Auth::new(
                 &settings.auth_url,
                 tls.clone(),
@@ -177,6 +178,10 @@ impl DockerCloud {
         })
     }
 
+    fn max_timeout(&self, max: Duration) -> Duration {
+        capped(self.fleet.transport, max)
+    }
+
     fn proven(&self) -> Option<smoke::Proven> {
         self.proven
             .read()
@@ -188,8 +193,12 @@ impl DockerCloud {
         TierEvidence {
             tier: IsolationTier::Vm,
             detail: format!(
-                "every run is its own Docker Cloud sandbox ({}), its network policy read back deny-all before code runs",
-                self.environment
+                "every run is its own Docker Cloud sandbox ({}, {} API), its network policy read back deny-all before code runs",
+                self.environment,
+                match self.fleet.transport {
+                    Transport::Connect => "Connect",
+                    Transport::Rest => "REST",
+                }
             ),
         }
     }
@@ -243,7 +252,7 @@ impl DockerCloud {
     }
 
     async fn snippet(&self, run: SnippetRun) -> Result<SnippetOutcome, ProviderError> {
-        let timeout = run.timeout.min(SNIPPET_MAX_TIMEOUT);
+        let timeout = run.timeout.min(self.max_timeout(SNIPPET_MAX_TIMEOUT));
         let granted = self.granted(run.grant.as_deref())?;
         let (host, library) = granted.map_or((None, None), |(h, l)| (Some(h), Some(l)));
         let sandbox = self.sandbox(timeout, run.hold, host).await?;
@@ -265,7 +274,7 @@ impl DockerCloud {
     }
 
     async fn project(&self, mut plan: ProjectPlan) -> Result<ProjectReport, ProviderError> {
-        let budget = plan.timeout.min(MAX_TIMEOUT);
+        let budget = plan.timeout.min(self.max_timeout(MAX_TIMEOUT));
         let hold = std::mem::take(&mut plan.hold);
         let grant = plan.grant.clone();
         let granted = self.granted(grant.as_deref())?;
@@ -305,6 +314,14 @@ impl DockerCloud {
             }
         }
         Ok((deleted, failed))
+    }
+}
+
+/// The longest run of a kind whose own maximum is `max`: REST runs are capped at 270 s.
+fn capped(transport: Transport, max: Duration) -> Duration {
+    match transport {
+        Transport::Connect => max,
+        Transport::Rest => max.min(REST_MAX_TIMEOUT),
     }
 }
 
@@ -358,8 +375,8 @@ impl Provider for DockerCloud {
         let proven = self.proven().unwrap_or_default();
         let environment = |default: Duration, max: Duration, languages: Vec<String>| Environment {
             identity: self.environment.clone(),
-            default_timeout_ms: duration_ms(default),
-            max_timeout_ms: duration_ms(max),
+            default_timeout_ms: duration_ms(default.min(self.max_timeout(max))),
+            max_timeout_ms: duration_ms(self.max_timeout(max)),
             software_identity: String::new(),
             languages,
         };
@@ -417,5 +434,18 @@ impl Provider for DockerCloud {
                 "drain: dockercloud sandboxes still being deleted; their timeout or the next sweep ends them"
             );
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rest_runs_fit_in_one_endpoint_credential() {
+        let long = Duration::from_secs(600);
+        assert_eq!(capped(Transport::Rest, long), REST_MAX_TIMEOUT);
+        assert_eq!(capped(Transport::Connect, long), long);
+        assert_eq!(capped(Transport::Rest, MAX_TIMEOUT), MAX_TIMEOUT);
     }
 }

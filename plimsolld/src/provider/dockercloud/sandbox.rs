@@ -15,22 +15,22 @@ use std::time::Duration;
 use serde_json::{Value, json};
 
 use super::api::{self, ApiError, Auth};
-use super::config::Url;
+use super::config::{Transport, Url};
 use super::endpoint::Endpoint;
 use crate::provider::Hold;
 use crate::provider::e2b::http::Client;
 use crate::provider::tracked::Tracked;
 
 /// The bound on one management call.
-const CALL_BOUND: Duration = Duration::from_secs(20);
+pub const CALL_BOUND: Duration = Duration::from_secs(20);
 /// How long a create may take to reach RUNNING with an endpoint.
 pub const READY_BOUND: Duration = Duration::from_secs(30);
-/// How long a delete's operation is followed.
-const DELETE_BOUND: Duration = Duration::from_secs(20);
+/// How long a delete's operation is followed (REST: how long it is re-read).
+pub const DELETE_BOUND: Duration = Duration::from_secs(20);
 /// Polling interval of `GetOperation` and `GetSandbox`.
-const POLL: Duration = Duration::from_millis(250);
+pub const POLL: Duration = Duration::from_millis(250);
 /// What the service's own timeout adds to a run's budget: its leak backstop.
-const BACKSTOP_SLACK: Duration = Duration::from_secs(30);
+pub const BACKSTOP_SLACK: Duration = Duration::from_secs(30);
 /// The status of a sandbox that can run code.
 const RUNNING: &str = "SANDBOX_STATUS_RUNNING";
 const DENY_ALL: &str = "NETWORK_POLICY_MODE_DENY_ALL";
@@ -60,6 +60,8 @@ pub enum Image {
 
 /// Everything a sandbox is made from.
 pub struct Fleet {
+    /// Chosen once at startup, never switched.
+    pub transport: Transport,
     pub auth: Auth,
     pub api: Client,
     /// The management base's path (`/sbx`).
@@ -92,9 +94,13 @@ impl Sandbox {
         &self.id
     }
 
-    /// The bearer for this sandbox's endpoint (the exchanged one authorizes both).
+    /// The bearer for this sandbox's endpoint: over Connect the exchanged one (it authorizes
+    /// both); over REST a fresh sandbox-scoped credential, so every call has its full 300 s.
     pub async fn bearer(&self) -> Result<String, ApiError> {
-        self.fleet.auth.bearer().await
+        match self.fleet.transport {
+            Transport::Connect => self.fleet.auth.bearer().await,
+            Transport::Rest => self.fleet.endpoint_credential(&self.id).await,
+        }
     }
 }
 
@@ -186,6 +192,22 @@ impl Fleet {
         guard: Option<&str>,
         made: &mut Option<String>,
     ) -> Result<(String, Endpoint), SandboxError> {
+        let (id, sandbox) = match self.transport {
+            Transport::Connect => self.create(name, budget, made).await?,
+            Transport::Rest => self.rest_create(name, budget, made).await?,
+        };
+        let endpoint = self.check(&id, &sandbox).map_err(SandboxError::Refused)?;
+        self.seal(&id, guard).await?;
+        Ok((id, endpoint))
+    }
+
+    /// The Connect create, followed until RUNNING with an endpoint: its id and sandbox.
+    async fn create(
+        &self,
+        name: &str,
+        budget: Duration,
+        made: &mut Option<String>,
+    ) -> Result<(String, Value), SandboxError> {
         let timeout = format!("{}s", (budget + BACKSTOP_SLACK).as_secs());
         let mut cloud = json!({
             "timeout": timeout,
@@ -257,9 +279,7 @@ impl Fleet {
                 "sandbox {id} does not carry its name"
             )));
         }
-        let endpoint = self.check(&id, &sandbox).map_err(SandboxError::Refused)?;
-        self.seal(&id, guard).await?;
-        Ok((id, endpoint))
+        Ok((id, sandbox))
     }
 
     /// Follows an operation until done: `WaitOperation`, or `GetOperation` polling when the
@@ -311,15 +331,20 @@ impl Fleet {
     fn check(&self, id: &str, sandbox: &Value) -> Result<Endpoint, String> {
         let core = &sandbox["core"];
         let endpoint = &core["endpoint"];
-        if endpoint["protocol"] != "SANDBOX_ENDPOINT_PROTOCOL_CONNECT" {
+        // Over REST the endpoint speaks the REST routes (`protocol: http`).
+        let (protocol, spoken) = match self.transport {
+            Transport::Connect => ("SANDBOX_ENDPOINT_PROTOCOL_CONNECT", "Connect"),
+            Transport::Rest => ("http", "REST"),
+        };
+        if endpoint["protocol"] != protocol {
             return Err(format!(
-                "sandbox {id}'s endpoint is not Connect over HTTPS ({})",
+                "sandbox {id}'s endpoint is not {spoken} over HTTPS ({})",
                 endpoint["protocol"]
             ));
         }
         let uri = endpoint["uri"].as_str().unwrap_or_default();
         let url = Url::parse(uri)
-            .map_err(|why| format!("sandbox {id}'s endpoint is not Connect over HTTPS: {why}"))?;
+            .map_err(|why| format!("sandbox {id}'s endpoint is not {spoken} over HTTPS: {why}"))?;
         let cpus = core["resources"]["cpus"].as_u64().unwrap_or(0);
         let memory = match &core["resources"]["memoryMib"] {
             Value::String(s) => s.parse::<u64>().unwrap_or(0),
@@ -336,7 +361,12 @@ impl Fleet {
                 self.cpus, self.memory_mib
             ));
         }
-        if let Some(pinned) = &self.pinned {
+        // REST reports no booted digest (grants.md §7.3): the reference's digest is all there is.
+        if let Some(pinned) = self
+            .pinned
+            .as_ref()
+            .filter(|_| self.transport == Transport::Connect)
+        {
             let booted = sandbox["cloud"]["imageDigest"].as_str().unwrap_or_default();
             if booted != pinned {
                 return Err(format!(
@@ -344,7 +374,7 @@ impl Fleet {
                 ));
             }
         }
-        Ok(Endpoint::new(url, self.tls.clone()))
+        Ok(Endpoint::new(self.transport, url, self.tls.clone()))
     }
 
     /// The seal: a granted run's rule installed and echoed, then the effective policy read
@@ -363,12 +393,19 @@ impl Fleet {
                 )));
             }
         }
-        let policy = self
-            .call(
-                "/docker.sbx.v1.NetworkPolicyService/GetEffectiveNetworkPolicy",
-                &json!({ "target": { "sandbox": { "id": id } } }),
-            )
-            .await?;
+        let (policy, deny_all) = match self.transport {
+            Transport::Connect => {
+                let policy = self
+                    .call(
+                        "/docker.sbx.v1.NetworkPolicyService/GetEffectiveNetworkPolicy",
+                        &json!({ "target": { "sandbox": { "id": id } } }),
+                    )
+                    .await?;
+                (policy, DENY_ALL)
+            }
+            Transport::Rest => (self.rest_policy(id).await?, "denyAll"),
+        };
+        // Both APIs answer `{mode, allowNetworks: [{network, layer}]}`.
         let allowed: BTreeSet<String> = policy["allowNetworks"]
             .as_array()
             .map(|a| {
@@ -377,7 +414,7 @@ impl Fleet {
                     .collect()
             })
             .unwrap_or_default();
-        if policy["mode"] != DENY_ALL || allowed != entitlement {
+        if policy["mode"] != deny_all || allowed != entitlement {
             return Err(SandboxError::Refused(format!(
                 "sandbox {id}'s effective network policy is {} allowing {allowed:?}, not deny-all allowing exactly {entitlement:?}",
                 policy["mode"]
@@ -423,8 +460,16 @@ impl Fleet {
         serde_json::from_slice(&body).map_err(|e| ApiError::Answer(format!("the policy PUT: {e}")))
     }
 
-    /// Deletes a sandbox (by id, else by name) and follows the delete; NOT_FOUND is success.
+    /// Deletes a sandbox (by id, else by name) until it is gone.
     pub async fn delete(&self, id: Option<&str>, name: &str) -> Result<(), ApiError> {
+        match self.transport {
+            Transport::Connect => self.connect_delete(id, name).await,
+            Transport::Rest => self.rest_delete(id, name).await,
+        }
+    }
+
+    /// The Connect delete, followed through its operation; NOT_FOUND is success.
+    async fn connect_delete(&self, id: Option<&str>, name: &str) -> Result<(), ApiError> {
         let target = match id {
             Some(id) => json!({ "id": id }),
             None => json!({ "name": name }),
@@ -478,6 +523,9 @@ impl Fleet {
 
     /// Every sandbox name and id of the account, page by page (at most 50 pages).
     pub async fn list(&self) -> Result<Vec<(String, String)>, ApiError> {
+        if self.transport == Transport::Rest {
+            return self.rest_list().await;
+        }
         let mut out = Vec::new();
         let mut token = String::new();
         for _ in 0..50 {
