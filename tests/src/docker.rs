@@ -81,25 +81,29 @@ pub fn docker_ready() -> bool {
             .find(|i| !docker(&["image", "inspect", i]).0)
             .map(|i| format!("image {i} is missing; run images/build")),
     };
-    let Some(problem) = problem else { return true };
-    if std::env::var("PLIMSOLL_TEST_DOCKER_SKIP").as_deref() == Ok("1") {
-        eprintln!("PLIMSOLL_TEST_DOCKER_SKIP=1: skipping a docker test: {problem}");
-        return false;
+    match problem {
+        None => true,
+        Some(problem) => skip_or_fail(&problem),
     }
-    panic!(
-        "{problem} (set PLIMSOLL_TEST_DOCKER_SKIP=1 to skip the docker tests on a developer machine)"
-    );
 }
 
-/// Whether the module image is here, with the same rule as [`docker_ready`]: missing, it
-/// panics unless `PLIMSOLL_TEST_DOCKER_SKIP=1`.
+/// Whether `image` (one a suite needs beyond the two of [`docker_ready`]) is here, with the
+/// same rule: missing, it panics naming `build` as the fix, unless `PLIMSOLL_TEST_DOCKER_SKIP=1`.
+pub fn image_ready(image: &str, build: &str) -> bool {
+    docker(&["image", "inspect", image]).0
+        || skip_or_fail(&format!("image {image} is missing; run {build}"))
+}
+
+/// Whether the module image is here (see [`image_ready`]).
 pub fn module_image_ready() -> bool {
-    if docker(&["image", "inspect", module_image()]).0 {
-        return true;
-    }
-    let problem = format!("image {} is missing; run images/build", module_image());
+    image_ready(module_image(), "images/build")
+}
+
+/// A docker test cannot run for `problem`: `false` (skipped, said why) when
+/// `PLIMSOLL_TEST_DOCKER_SKIP=1`, else a panic, so CI never passes a suite that did not run.
+fn skip_or_fail(problem: &str) -> bool {
     if std::env::var("PLIMSOLL_TEST_DOCKER_SKIP").as_deref() == Ok("1") {
-        eprintln!("PLIMSOLL_TEST_DOCKER_SKIP=1: skipping a module test: {problem}");
+        eprintln!("PLIMSOLL_TEST_DOCKER_SKIP=1: skipping a docker test: {problem}");
         return false;
     }
     panic!(

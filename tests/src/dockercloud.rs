@@ -20,23 +20,8 @@ pub const SANDBOX_IMAGE: &str = "plimsoll-sim/dockercloud-sandbox:latest";
 /// Whether docker and the sandbox image are there; panics with the fix otherwise, unless
 /// `PLIMSOLL_TEST_DOCKER_SKIP=1` (then the test is skipped).
 pub fn dockercloud_ready() -> bool {
-    if !crate::docker::docker_ready() {
-        return false;
-    }
-    let present = std::process::Command::new("docker")
-        .args(["image", "inspect", SANDBOX_IMAGE])
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .status()
-        .is_ok_and(|s| s.success());
-    if present {
-        return true;
-    }
-    if std::env::var("PLIMSOLL_TEST_DOCKER_SKIP").as_deref() == Ok("1") {
-        eprintln!("PLIMSOLL_TEST_DOCKER_SKIP=1: {SANDBOX_IMAGE} is missing; skipping");
-        return false;
-    }
-    panic!("{SANDBOX_IMAGE} is missing: run tests/simulators/dockercloud/image/build");
+    crate::docker::docker_ready()
+        && crate::docker::image_ready(SANDBOX_IMAGE, "tests/simulators/dockercloud/image/build")
 }
 
 /// A running simulator.

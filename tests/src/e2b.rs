@@ -21,23 +21,8 @@ pub const TEMPLATE_IMAGE: &str = "plimsoll-sim/e2b-base:latest";
 /// Whether docker and the template image are there; panics with the fix otherwise, unless
 /// `PLIMSOLL_TEST_DOCKER_SKIP=1` (then the test is skipped).
 pub fn e2b_ready() -> bool {
-    if !crate::docker::docker_ready() {
-        return false;
-    }
-    let present = std::process::Command::new("docker")
-        .args(["image", "inspect", TEMPLATE_IMAGE])
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .status()
-        .is_ok_and(|s| s.success());
-    if present {
-        return true;
-    }
-    if std::env::var("PLIMSOLL_TEST_DOCKER_SKIP").as_deref() == Ok("1") {
-        eprintln!("PLIMSOLL_TEST_DOCKER_SKIP=1: {TEMPLATE_IMAGE} is missing; skipping");
-        return false;
-    }
-    panic!("{TEMPLATE_IMAGE} is missing: run scripts/setup-e2b-simulator");
+    crate::docker::docker_ready()
+        && crate::docker::image_ready(TEMPLATE_IMAGE, "scripts/setup-e2b-simulator")
 }
 
 /// A running simulator.
