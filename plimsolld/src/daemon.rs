@@ -211,7 +211,7 @@ pub async fn run(config: Config) -> Result<(), StartupError> {
     }
     // 21: serve.
     let metrics = Arc::new(Metrics::default());
-    let admission = Admission::new(config.limits, metrics.clone());
+    let admission = Admission::metered(config.limits, metrics.clone(), provider.paid_day());
     let sessions =
         crate::session::Sessions::new(config.sessions, provider.clone(), admission.clone());
     let state = Arc::new(State {

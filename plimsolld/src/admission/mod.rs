@@ -14,20 +14,26 @@
 //! (marked not dispatched, reason `capacity`) and a message naming the limit; any partial
 //! reservation is rolled back. Nothing is ever queued.
 //!
-//! An admitted run holds a [`Permit`]. Dropping it frees the slots, so no path
-//! can leak one; the run keeps it until its sandbox is gone.
+//! On a metered provider, admission then reserves the run's paid seconds ([`paid`]): the
+//! caller's own day first, then the daemon's; a run that does not fit is refused the same
+//! way (shed `paid_caller` or `paid_daemon`) and its slots are given back.
+//!
+//! An admitted run holds a [`Permit`]. Dropping it frees the slots and settles the paid
+//! reservation, so no path can leak one; the run keeps it until its sandbox is gone.
 
 mod bucket;
+pub mod paid;
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use plimsoll::refusal::Refusal;
 
 use crate::config::admission::Limits;
 use crate::metrics::{Metrics, ShedReason};
 use bucket::Buckets;
+use paid::{Paid, PaidBook, PaidDay};
 
 #[derive(Debug)]
 struct Slots {
@@ -42,11 +48,23 @@ pub struct Admission {
     limits: Limits,
     slots: Mutex<Slots>,
     metrics: Arc<Metrics>,
+    /// The paid allowances, kept only on a metered provider.
+    paid: Option<PaidBook>,
 }
 
 impl Admission {
     /// A controller enforcing `limits`, counting into `metrics`.
     pub fn new(limits: Limits, metrics: Arc<Metrics>) -> Arc<Admission> {
+        Admission::metered(limits, metrics, None)
+    }
+
+    /// The same, keeping paid allowances over `daemon_day`, the metered provider's
+    /// daemon-wide day (`None` on a provider that is not metered).
+    pub fn metered(
+        limits: Limits,
+        metrics: Arc<Metrics>,
+        daemon_day: Option<Arc<PaidDay>>,
+    ) -> Arc<Admission> {
         let buckets = (limits.rate_per_min > 0)
             .then(|| Buckets::new(limits.rate_per_min, limits.rate_burst, Instant::now()));
         Arc::new(Admission {
@@ -57,6 +75,7 @@ impl Admission {
                 buckets,
             }),
             metrics,
+            paid: daemon_day.map(PaidBook::new),
         })
     }
 
@@ -94,7 +113,42 @@ impl Admission {
         Ok(Permit {
             admission: self.clone(),
             caller: caller.to_owned(),
+            paid: None,
         })
+    }
+
+    /// Admits one run of `time` for `caller`, whose own daily paid allowance is
+    /// `allowance`: the slots ([`Admission::admit`]), then, on a metered provider, its paid
+    /// seconds ([`Admission::reserve_paid`]), which the permit settles when dropped.
+    pub fn admit_run(
+        self: &Arc<Self>,
+        caller: &str,
+        allowance: Option<u64>,
+        time: Duration,
+    ) -> Result<Permit, Refusal> {
+        let mut permit = self.admit(caller)?;
+        // A refusal here drops the permit, which gives the slots back.
+        permit.paid = self.reserve_paid(caller, allowance, time)?.map(Arc::new);
+        Ok(permit)
+    }
+
+    /// Reserves the paid seconds of a run or session of `time` for `caller` (`None` when
+    /// the provider is not metered), or refuses it as at capacity, counted as shed.
+    pub fn reserve_paid(
+        &self,
+        caller: &str,
+        allowance: Option<u64>,
+        time: Duration,
+    ) -> Result<Option<Paid>, Refusal> {
+        let Some(book) = &self.paid else {
+            return Ok(None);
+        };
+        book.reserve(caller, allowance, time)
+            .map(Some)
+            .map_err(|(reason, refusal)| {
+                self.metrics.shed(reason);
+                refusal
+            })
     }
 
     /// The refusal of a caller out of rate tokens, counted as shed.
@@ -164,6 +218,15 @@ impl Admission {
 pub struct Permit {
     admission: Arc<Admission>,
     caller: String,
+    /// The run's paid reservation, settled after the slots are freed.
+    paid: Option<Arc<Paid>>,
+}
+
+impl Permit {
+    /// The run's paid reservation, for a provider to forfeit when a create's fate is unknown.
+    pub fn paid(&self) -> Option<Arc<Paid>> {
+        self.paid.clone()
+    }
 }
 
 impl Drop for Permit {
@@ -272,5 +335,34 @@ mod tests {
         drop(permits);
         assert_eq!(a.in_flight(), 0);
         assert!(metrics.render().contains("plimsoll_inflight 0\n"));
+    }
+
+    #[test]
+    fn a_run_over_a_paid_allowance_is_shed_and_gives_its_slot_back() {
+        let metrics = Arc::new(Metrics::default());
+        let day = Arc::new(PaidDay::new(200));
+        let a = Admission::metered(limits(8, 0, 0, 0), metrics.clone(), Some(day));
+        let minute = Duration::from_secs(60);
+        let held = a.admit_run("a", Some(100), minute).unwrap();
+        assert!(held.paid().is_some());
+        let msg = reason(a.admit_run("a", Some(100), minute).unwrap_err());
+        assert!(msg.contains("paid_seconds_per_day=100"), "{msg}");
+        assert_eq!(a.in_flight(), 1, "the refused run's slot was given back");
+        let _b = a.admit_run("b", None, minute).unwrap();
+        let msg = reason(a.admit_run("c", None, minute).unwrap_err());
+        assert!(msg.contains("SANDBOX_PAID_SECONDS_PER_DAY=200"), "{msg}");
+        let text = metrics.render();
+        assert!(
+            text.contains("plimsoll_shed_total{reason=\"paid_caller\"} 1"),
+            "{text}"
+        );
+        assert!(
+            text.contains("plimsoll_shed_total{reason=\"paid_daemon\"} 1"),
+            "{text}"
+        );
+        // Not metered: nothing is reserved and nothing refused.
+        let free = Admission::new(limits(8, 0, 0, 0), Arc::new(Metrics::default()));
+        let p = free.admit_run("a", Some(1), minute).unwrap();
+        assert!(p.paid().is_none());
     }
 }

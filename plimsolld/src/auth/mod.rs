@@ -27,6 +27,9 @@ pub struct Principal {
     pub id: Option<String>,
     /// The scopes the caller holds; `*` matches any.
     pub scopes: Vec<String>,
+    /// The caller's own daily paid allowance on metered providers (clients file only);
+    /// `None` or 0: only the daemon's allowance applies.
+    pub paid_seconds_per_day: Option<u64>,
 }
 
 impl Principal {
@@ -65,6 +68,7 @@ impl Verifier {
                             Principal {
                                 id: Some(c.id.clone()),
                                 scopes: c.scopes.clone(),
+                                paid_seconds_per_day: c.paid_seconds_per_day,
                             },
                         )
                     })
@@ -96,6 +100,7 @@ impl Verifier {
                 return Ok(Principal {
                     id: None,
                     scopes: vec!["*".to_owned()],
+                    paid_seconds_per_day: None,
                 });
             }
             Verifier::Clients(by_hash) => {
@@ -113,6 +118,7 @@ impl Verifier {
                 Principal {
                     id: Some("static".to_owned()),
                     scopes: vec![SCOPE_RUN.to_owned()],
+                    paid_seconds_per_day: None,
                 }
             }
         };
@@ -254,6 +260,7 @@ mod tests {
             Principal {
                 id: Some("python".into()),
                 scopes: vec![SCOPE_RUN.into()],
+                paid_seconds_per_day: None,
             },
         );
         let v = Verifier::Clients(map);
@@ -268,12 +275,14 @@ mod tests {
         let none = Principal {
             id: Some("a".into()),
             scopes: vec![],
+            paid_seconds_per_day: None,
         };
         let err = authorize(&none, SCOPE_RUN).unwrap_err();
         assert_eq!(err.to_string(), "token lacks required scope \"code:run\"");
         let star = Principal {
             id: Some("a".into()),
             scopes: vec!["*".into()],
+            paid_seconds_per_day: None,
         };
         assert!(authorize(&star, SCOPE_RUN).is_ok());
     }

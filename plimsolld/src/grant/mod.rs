@@ -781,6 +781,7 @@ mod tests {
         let caller = Principal {
             id: Some("alice".into()),
             scopes: vec!["*".into()],
+            paid_seconds_per_day: None,
         };
         let err = grants
             .open("inv", &caller, SystemTime::now(), Delivery::Socket)

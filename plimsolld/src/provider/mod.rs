@@ -33,8 +33,11 @@ pub mod tracked;
 #[cfg(feature = "wasm")]
 pub mod wasm;
 
+use std::sync::Arc;
 use std::time::Duration;
 
+use crate::admission::Permit;
+use crate::admission::paid::{Paid, PaidDay};
 use crate::grant::Delivery;
 use async_trait::async_trait;
 use plimsoll::payload::PayloadKind;
@@ -144,23 +147,52 @@ impl Description {
 /// that still exists as free (providers.md §10.1). Dropping it early
 /// over-admits; holding it forever leaks a slot.
 #[derive(Default)]
-pub struct Hold(Option<Box<dyn Send + Sync + 'static>>);
+pub struct Hold {
+    slot: Option<Box<dyn Send + Sync + 'static>>,
+    /// The run's paid reservation (metered providers), also inside the slot's permit.
+    paid: Option<Arc<Paid>>,
+}
 
 impl Hold {
     /// Holds `slot` until this value is dropped.
     pub fn new(slot: impl Send + Sync + 'static) -> Hold {
-        Hold(Some(Box::new(slot)))
+        Hold {
+            slot: Some(Box::new(slot)),
+            paid: None,
+        }
+    }
+
+    /// Holds an admitted run's permit, its paid reservation with it.
+    pub fn admitted(permit: Permit) -> Hold {
+        Hold {
+            paid: permit.paid(),
+            ..Hold::new(permit)
+        }
+    }
+
+    /// Holds only a paid reservation (a session's VM: its slot is the session table's).
+    pub fn paid_only(paid: Arc<Paid>) -> Hold {
+        Hold {
+            slot: Some(Box::new(paid.clone())),
+            paid: Some(paid),
+        }
     }
 
     /// Whether a slot is held.
     pub fn is_held(&self) -> bool {
-        self.0.is_some()
+        self.slot.is_some()
+    }
+
+    /// The paid reservation, for the provider to forfeit when a create's fate is unknown
+    /// (the vendor may bill a VM nobody can name).
+    pub fn paid(&self) -> Option<Arc<Paid>> {
+        self.paid.clone()
     }
 }
 
 impl std::fmt::Debug for Hold {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(if self.0.is_some() {
+        f.write_str(if self.slot.is_some() {
             "Hold(slot)"
         } else {
             "Hold(none)"
@@ -339,6 +371,13 @@ pub trait Provider: Send + Sync + 'static {
     /// reach the network (e2b, dockercloud) answers [`Delivery::Guard`].
     fn grant_delivery(&self) -> Delivery {
         Delivery::Socket
+    }
+
+    /// A metered provider's daemon-wide paid day (`SANDBOX_PAID_SECONDS_PER_DAY`), which
+    /// admission reserves against and the provider charges its own startup VMs to; `None`
+    /// for a provider that is not metered.
+    fn paid_day(&self) -> Option<Arc<PaidDay>> {
+        None
     }
 
     /// The refusal for a payload kind this provider cannot run.

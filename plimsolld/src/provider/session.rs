@@ -32,6 +32,10 @@ pub struct SessionOpen {
     /// The session's guard token when the provider delivers grants through the guard (e2b):
     /// a VM whose network rule must name it is made with it (grants.md §6.7).
     pub guard_token: Option<crate::grant::GuardToken>,
+    /// On a metered provider, the paid seconds admission reserved for the session's whole
+    /// lifetime; the VM holds them until it is gone. `None` for the daemon's own startup
+    /// proof, which the provider charges to the daemon's day.
+    pub paid: Option<std::sync::Arc<crate::admission::paid::Paid>>,
 }
 
 /// A session sandbox the provider opened and verified.

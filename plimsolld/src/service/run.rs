@@ -55,8 +55,13 @@ pub(super) async fn handle(
     check_floor(floor, tier)?;
     // 7: the software rule against the selected environment.
     check_software(rule, &environment.software_identity)?;
-    // 8: admission; sheds at once, never queues.
-    let permit = state.admission.admit(principal.audit_key())?;
+    // 8: admission (slots, then the paid allowances on a metered provider); sheds at
+    // once, never queues.
+    let permit = state.admission.admit_run(
+        principal.audit_key(),
+        principal.paid_seconds_per_day,
+        timeout,
+    )?;
     // 8½: the broker opens the admitted run's grant (or refuses it; the slot is freed).
     // From here on every way out closes it: the open grant closes itself when dropped.
     let grant = match profile {
@@ -74,7 +79,7 @@ pub(super) async fn handle(
     };
     // 9: dispatch. The slot travels with the job: the provider frees it
     // when the sandbox is gone, which may be after the answer.
-    let hold = Hold::new(permit);
+    let hold = Hold::admitted(permit);
     let guest = grant.as_ref().map(OpenGrant::guest);
     let job = match payload {
         Payload::Javascript(js) => Job::Snippet(SnippetRun {
@@ -469,6 +474,7 @@ mod tests {
         let caller = Principal {
             id: Some("a".to_owned()),
             scopes: vec!["*".to_owned()],
+            paid_seconds_per_day: None,
         };
         (provider.clone(), state(provider), caller)
     }

@@ -66,6 +66,7 @@ pub(super) async fn open(
         owner: req.owner.clone(),
         lifetime,
         languages,
+        paid_allowance: principal.paid_seconds_per_day,
     };
     let sandbox = description.sandbox;
     let policy = description.policy.clone();

@@ -44,6 +44,8 @@ pub struct OpenTerms {
     pub lifetime: Duration,
     /// The languages the session will offer.
     pub languages: Vec<String>,
+    /// The caller's own daily paid allowance (clients file), if any.
+    pub paid_allowance: Option<u64>,
 }
 
 /// The session table.
@@ -113,6 +115,12 @@ impl Sessions {
         }
         let victim = self.check_caps(&terms)?;
         let permit = self.admission.admit(&terms.caller)?;
+        // On a metered provider the session's whole lifetime is reserved (its VM lives
+        // that long at most), whatever it is suspended; the VM settles it when it is gone.
+        let paid = self
+            .admission
+            .reserve_paid(&terms.caller, terms.paid_allowance, terms.lifetime)?
+            .map(Arc::new);
         let slot = slot.await;
         if let Some(victim) = victim {
             self.end(
@@ -134,6 +142,7 @@ impl Sessions {
                 guard_token: slot
                     .as_ref()
                     .and_then(|s| s.access().guard_token().cloned()),
+                paid,
             })
             .await?;
         let stated = stated(&opened);

@@ -31,6 +31,7 @@ async fn prove_once(provider: &dyn Provider, config: &SessionConfig) -> Result<(
             disk_mb: config.disk_mb,
             host_socket: None,
             guard_token: None,
+            paid: None,
         })
         .await
         .map_err(|e| format!("session proof: open: {e}"))?;

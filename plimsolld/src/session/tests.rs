@@ -140,6 +140,7 @@ async fn open_for(
         owner: owner.to_owned(),
         lifetime,
         languages: Vec::new(),
+        paid_allowance: None,
     };
     let expires_at = tokio::time::Instant::now() + terms.lifetime;
     sessions
@@ -261,6 +262,7 @@ async fn the_owner_cap_replaces_the_idle_session_and_refuses_when_all_are_busy()
                 owner: "o".to_owned(),
                 lifetime: Duration::from_secs(60),
                 languages: Vec::new(),
+                paid_allowance: None,
             },
             async { unreachable!("a refused open never asks the broker for a socket") },
             |_| unreachable!("refused before the provider is asked"),
@@ -291,6 +293,7 @@ async fn the_drain_refuses_opens_and_removes_every_sandbox() {
                 owner: String::new(),
                 lifetime: Duration::from_secs(60),
                 languages: Vec::new(),
+                paid_allowance: None,
             },
             async { unreachable!("a refused open never asks the broker for a socket") },
             |_| unreachable!("refused while draining"),

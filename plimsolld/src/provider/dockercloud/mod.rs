@@ -35,13 +35,13 @@ use super::{
     Description, Environment, Hold, ProjectPlan, ProjectReport, Provider, ProviderError, Resources,
     SnippetOutcome, SnippetRun, TierEvidence,
 };
+use crate::admission::paid::PaidDay;
 use crate::config::Config;
 use crate::grant::host_client::{self, TokenPlacement};
 use crate::grant::{Delivery, GuestGrant};
 use crate::provider::docker::project::{DEFAULT_TIMEOUT, MAX_TIMEOUT};
 use crate::provider::docker::settings::{SNIPPET_DEFAULT_TIMEOUT, SNIPPET_MAX_TIMEOUT};
 use crate::provider::e2b::http::{Client, tls_config};
-use crate::provider::e2b::paid::PaidDay;
 use config::{DockerCloudConfig, Transport};
 use sandbox::{Fleet, Image, SandboxError};
 
@@ -229,22 +229,21 @@ impl DockerCloud {
         Ok(Some((&guard.host, library)))
     }
 
-    /// A sandbox for a run of `timeout`: paid seconds reserved before the create and
-    /// charged once it is deleted (they travel with the admission slot).
+    /// A sandbox for a run of `timeout`: its paid seconds, reserved at admission, travel
+    /// with the slot and are charged once it is deleted.
     async fn sandbox(
         &self,
         timeout: Duration,
         hold: Hold,
         guard: Option<&str>,
     ) -> Result<sandbox::Sandbox, ProviderError> {
-        let charge = self.paid.reserve(timeout)?.map(Arc::new);
-        let hold = Hold::new((hold, charge.clone()));
+        let paid = hold.paid();
         match self.fleet.lease(timeout + RUN_SLACK, hold, guard).await {
             Ok(sandbox) => Ok(sandbox),
             Err(e) => {
                 // A create whose fate is unknown may be billed whole.
-                if let (SandboxError::Api(_), Some(charge)) = (&e, &charge) {
-                    charge.forfeit();
+                if let (SandboxError::Api(_), Some(paid)) = (&e, &paid) {
+                    paid.forfeit();
                 }
                 Err(ProviderError::from(DockerCloudError::from(e)))
             }
@@ -398,6 +397,10 @@ impl Provider for DockerCloud {
 
     fn grant_delivery(&self) -> Delivery {
         Delivery::Guard
+    }
+
+    fn paid_day(&self) -> Option<Arc<PaidDay>> {
+        Some(self.paid.clone())
     }
 
     async fn run_snippet(&self, run: SnippetRun) -> Result<SnippetOutcome, ProviderError> {

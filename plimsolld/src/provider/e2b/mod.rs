@@ -20,7 +20,6 @@ pub mod config;
 mod envd;
 pub(crate) mod http;
 mod orphans;
-pub(crate) mod paid;
 mod runs;
 mod sandbox;
 mod session;
@@ -38,6 +37,7 @@ use super::{
     Description, Environment, Hold, ProjectPlan, ProjectReport, Provider, ProviderError, Resources,
     SnippetOutcome, SnippetRun, TierEvidence,
 };
+use crate::admission::paid::PaidDay;
 use crate::config::Config;
 use crate::grant::host_client::{self, TokenPlacement};
 use crate::grant::{Delivery, GuestGrant};
@@ -102,7 +102,8 @@ pub struct E2b {
     guard: Option<Guard>,
     /// How a session's granted calls reach the guard (`E2B_SESSION_GRANTS`).
     session_grants: SessionGrants,
-    paid: Arc<paid::PaidDay>,
+    /// The daemon-wide paid day: admission reserves runs against it; the proofs charge it.
+    paid: Arc<PaidDay>,
     fleet: Arc<Fleet>,
     proven: RwLock<Option<smoke::Proven>>,
     ready: AtomicBool,
@@ -133,7 +134,7 @@ impl E2b {
         Ok(E2b {
             guard,
             session_grants: settings.session_grants,
-            paid: Arc::new(paid::PaidDay::new(config.limits.paid_seconds_per_day)),
+            paid: Arc::new(PaidDay::new(config.limits.paid_seconds_per_day)),
             fleet: Arc::new(Fleet {
                 api,
                 envd_route: settings.envd.clone(),
@@ -212,9 +213,9 @@ impl E2b {
         )))
     }
 
-    /// A VM for a run of `timeout`: the paid seconds reserved before the create and charged
-    /// once the VM is killed (they travel with the admission slot); a lost create is charged
-    /// its whole reservation, as E2B may bill a VM nobody can name.
+    /// A VM for a run of `timeout`. Its paid seconds, reserved at admission, travel with
+    /// the slot and are charged once the VM is killed; a lost create is charged its whole
+    /// reservation, as E2B may bill a VM nobody can name.
     async fn vm(
         &self,
         timeout: Duration,
@@ -222,8 +223,7 @@ impl E2b {
         rule: Option<GuardRule<'_>>,
         extra: &[(&str, String)],
     ) -> Result<sandbox::Vm, ProviderError> {
-        let charge = self.paid.reserve(timeout)?.map(Arc::new);
-        let hold = Hold::new((hold, charge.clone()));
+        let paid = hold.paid();
         match self
             .fleet
             .lease_stamped(timeout + RUN_SLACK, hold, rule, extra)
@@ -231,8 +231,8 @@ impl E2b {
         {
             Ok(vm) => Ok(vm),
             Err(e) => {
-                if let (SandboxError::Lost(_), Some(charge)) = (&e, &charge) {
-                    charge.forfeit();
+                if let (SandboxError::Lost(_), Some(paid)) = (&e, &paid) {
+                    paid.forfeit();
                 }
                 Err(ProviderError::from(E2bError::from(e)))
             }
@@ -364,6 +364,10 @@ impl Provider for E2b {
 
     fn grant_delivery(&self) -> Delivery {
         Delivery::Guard
+    }
+
+    fn paid_day(&self) -> Option<Arc<PaidDay>> {
+        Some(self.paid.clone())
     }
 
     async fn run_snippet(&self, run: SnippetRun) -> Result<SnippetOutcome, ProviderError> {

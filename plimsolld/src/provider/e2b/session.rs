@@ -29,6 +29,7 @@ use super::envd::{Command, Ending, Envd};
 use super::runs::{self, RunError};
 use super::sandbox::{GuardRule, Vm};
 use super::{E2b, E2bError, Guard};
+use crate::admission::paid::Paid;
 use crate::grant::GuestGrant;
 use crate::grant::host_client::{self, TokenPlacement};
 use crate::provider::docker::project::MAX_TIMEOUT;
@@ -108,11 +109,15 @@ pub(super) async fn open(e2b: &E2b, open: SessionOpen) -> Result<OpenedSession, 
         _ => None,
     };
     let guarded = rule.is_some();
-    // The session's admission slot is the table's; the VM holds only its paid reservation.
+    // The session's admission slot is the table's; the VM holds only its paid reservation
+    // (admission's, or for the daemon's own startup proof one on the daemon's day).
+    let paid = open
+        .paid
+        .unwrap_or_else(|| Arc::new(Paid::own(&e2b.paid, open.lifetime)));
     let vm = e2b
         .vm(
             open.lifetime,
-            Hold::default(),
+            Hold::paid_only(paid),
             rule,
             &[("session", "1".to_owned()), ("expires", expires)],
         )
