@@ -34,6 +34,9 @@ macro_rules! require_e2b {
 #[path = "e2b/session.rs"]
 mod session;
 
+#[path = "e2b/paid.rs"]
+mod paid;
+
 // === calls ===
 
 fn send(addr: SocketAddr, req: &Request) -> Response {

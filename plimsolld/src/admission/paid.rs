@@ -223,7 +223,7 @@ impl PaidBook {
                 return Err((
                     ShedReason::PaidCaller,
                     Refusal::AtCapacity(format!(
-                        "this caller's paid VM seconds for the day (paid_seconds_per_day={}) cannot cover this run's {} s; nothing ran",
+                        "this caller's paid VM seconds for the day (paid_seconds_per_day={}) cannot cover the {} s this needs; nothing ran",
                         allowance.unwrap_or_default(),
                         reserved.as_secs()
                     )),
@@ -240,7 +240,7 @@ impl PaidBook {
                 return Err((
                     ShedReason::PaidDaemon,
                     Refusal::AtCapacity(format!(
-                        "the day's paid VM seconds (SANDBOX_PAID_SECONDS_PER_DAY={}) cannot cover this run's {} s; nothing ran",
+                        "the day's paid VM seconds (SANDBOX_PAID_SECONDS_PER_DAY={}) cannot cover the {} s this needs; nothing ran",
                         self.daemon.limit_secs(),
                         reserved.as_secs()
                     )),
