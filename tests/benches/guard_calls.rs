@@ -276,6 +276,7 @@ async fn open(client: &Client, delivery: Delivery) -> Reach {
         delivery,
         slot: None,
         kept_from_earlier_calls: 0,
+        call_token: false,
     };
     client.open(&request).await.unwrap().unwrap().reach
 }

@@ -256,6 +256,7 @@ fn open_request(principal: &str, profile: &str, budget_ms: u64) -> OpenRun {
         delivery: Delivery::Socket,
         slot: None,
         kept_from_earlier_calls: 0,
+        call_token: false,
     }
 }
 

@@ -388,7 +388,7 @@ mod tests {
                     while let Ok(Some(_)) = lines.next_line().await {
                         // Slow enough that concurrent calls overlap.
                         tokio::time::sleep(Duration::from_millis(20)).await;
-                        let hello = r#"{"status":"hello","version":3,"generation":1,"profiles":0,"guard":false,"in_flight":0,"catalogue":""}"#;
+                        let hello = r#"{"status":"hello","version":4,"generation":1,"profiles":0,"guard":false,"in_flight":0,"catalogue":""}"#;
                         if write
                             .write_all(format!("{hello}\n").as_bytes())
                             .await
@@ -462,7 +462,7 @@ mod tests {
                 let (read, mut write) = stream.into_split();
                 let mut lines = BufReader::new(read).lines();
                 if let Ok(Some(_)) = lines.next_line().await {
-                    let hello = r#"{"status":"hello","version":3,"generation":7,"profiles":0,"guard":false,"in_flight":0,"catalogue":""}"#;
+                    let hello = r#"{"status":"hello","version":4,"generation":7,"profiles":0,"guard":false,"in_flight":0,"catalogue":""}"#;
                     let _ = write.write_all(format!("{hello}\n").as_bytes()).await;
                 }
             }

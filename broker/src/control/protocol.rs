@@ -12,8 +12,9 @@ use serde::{Deserialize, Serialize};
 /// The protocol version [`Hello`] reports. 2 added the catalogue ([`Request::Catalogue`],
 /// [`Hello::catalogue`]); 3: a run or session names how its grant reaches the guest
 /// ([`Delivery`]) and learns where ([`Reach`]), and [`Hello`] says whether a guard socket is
-/// served.
-pub const VERSION: u32 = 3;
+/// served; 4: a call lent to a guard session slot may ask for a token of its own
+/// ([`OpenRun::call_token`]).
+pub const VERSION: u32 = 4;
 
 /// Longest request or response line either side accepts, newline excluded.
 pub const MAX_LINE_BYTES: usize = 1024 * 1024;
@@ -74,10 +75,20 @@ pub struct OpenRun {
     /// the call shared its kernel with them.
     #[serde(default, skip_serializing_if = "is_zero")]
     pub kept_from_earlier_calls: u32,
+    /// A call lent to a guard-delivered session slot: mint a guard token for this call
+    /// alone, dead when the run closes, and answer it instead of [`Reach::SessionSlot`]
+    /// (E2B_SESSION_GRANTS=call: the VM's guard rule names a fresh token per call, so no
+    /// token seen in one call works in another). Needs `slot` and `delivery: guard`.
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub call_token: bool,
 }
 
 fn is_zero(n: &u32) -> bool {
     *n == 0
+}
+
+fn is_false(b: &bool) -> bool {
+    !*b
 }
 
 /// How a grant reaches the guest: the provider's choice (grants.md §3).
@@ -316,6 +327,7 @@ mod tests {
             delivery: Delivery::Socket,
             slot: None,
             kept_from_earlier_calls: 0,
+            call_token: false,
         });
         let line = serde_json::to_string(&open).unwrap();
         assert!(line.starts_with(r#"{"op":"open","run":"#), "{line}");
@@ -354,7 +366,7 @@ mod tests {
             r#"{"status":"refused","reason":"permission","message":"no"}"#
         );
         let hello = serde_json::to_string(&Response::Hello(Hello {
-            version: 3,
+            version: 4,
             generation: 2,
             profiles: 3,
             guard: true,
@@ -364,7 +376,7 @@ mod tests {
         .unwrap();
         assert_eq!(
             hello,
-            r#"{"status":"hello","version":3,"generation":2,"profiles":3,"guard":true,"in_flight":4,"catalogue":"ab"}"#
+            r#"{"status":"hello","version":4,"generation":2,"profiles":3,"guard":true,"in_flight":4,"catalogue":"ab"}"#
         );
     }
 
@@ -482,6 +494,7 @@ mod tests {
             delivery: Delivery::Socket,
             slot: None,
             kept_from_earlier_calls: 0,
+            call_token: false,
         };
         let line = serde_json::to_string(&Request::Open(open.clone())).unwrap();
         assert!(!line.contains("slot"), "{line}");

@@ -68,6 +68,12 @@ pub(super) fn admit(
             request.delivery,
         )?),
     };
+    if request.call_token && (lent_to.is_none() || request.delivery != Delivery::Guard) {
+        return Err(Response::refused(
+            RefusalReason::Request,
+            "a call token is minted only for a call lent to a guard-delivered session slot",
+        ));
+    }
     // Unknown profile, foreign caller and anonymous caller: one answer, so profile names
     // cannot be enumerated.
     let unavailable = || {

@@ -41,8 +41,9 @@ pub const MAX_RUNS: usize = 4096;
 enum Home {
     /// Its own socket, removed when the run closes.
     Own(RunSocket),
-    /// A session's slot, lent until the run closes.
-    Lent(Arc<Session>),
+    /// A session's slot, lent until the run closes, and the call's own guard token when
+    /// one was asked for (`OpenRun.call_token`), dead when the run closes.
+    Lent(Arc<Session>, Option<Registration>),
     /// Its own guard token, dead when the run closes.
     Guard(Registration),
 }
@@ -51,17 +52,25 @@ enum Home {
 
 impl Home {
     /// Makes `run`'s home: binds its own socket, mints its guard token, or takes the session
-    /// slot it is lent to. Returns where the guest reaches it, and the listener to serve once
-    /// the run is in the table (for a socket of its own).
+    /// slot it is lent to (with a token of the call's own when `call_token`). Returns where
+    /// the guest reaches it, and the listener to serve once the run is in the table (for a
+    /// socket of its own).
     fn make(
         run: &Arc<Run>,
         delivery: Delivery,
         lent_to: Option<&Arc<Session>>,
+        call_token: bool,
         tokens: &Arc<GuardTokens>,
         sockets: &GuestSockets,
     ) -> Result<(Home, Reach, Option<UnixListener>), Response> {
         if let Some(session) = lent_to {
-            return Ok((Home::Lent(session.clone()), Reach::SessionSlot, None));
+            if call_token {
+                // Serves this run only, and only until it has ended (401 after).
+                let (token, registration) = tokens.register_run(run);
+                let reach = Reach::GuardToken(token.expose().to_owned());
+                return Ok((Home::Lent(session.clone(), Some(registration)), reach, None));
+            }
+            return Ok((Home::Lent(session.clone(), None), Reach::SessionSlot, None));
         }
         match delivery {
             Delivery::Socket => match RunSocket::bind(sockets) {
@@ -193,6 +202,7 @@ impl Runs {
             &run,
             request.delivery,
             admitted.lent_to.as_ref(),
+            request.call_token,
             &self.tokens,
             &self.sockets,
         )?;
@@ -248,7 +258,7 @@ impl Runs {
                 "duplicate run id",
             ));
         }
-        if let Home::Lent(session) = &home {
+        if let Home::Lent(session, _) = &home {
             session::lend(session, run.clone())?;
         }
         table.insert(id.to_owned(), Entry { run, home });
@@ -264,7 +274,12 @@ impl Runs {
         match &mut entry.home {
             Home::Own(socket) => socket.remove(),
             // Before the run ends: later calls on the session's slot are refused at once.
-            Home::Lent(session) => session.take_back(&entry.run),
+            Home::Lent(session, call_token) => {
+                if let Some(token) = call_token {
+                    token.revoke();
+                }
+                session.take_back(&entry.run);
+            }
             // Before the run ends: the guard answers 401 from here on.
             Home::Guard(registration) => registration.revoke(),
         }
@@ -281,7 +296,7 @@ impl Runs {
             .values()
             .filter_map(|e| match &e.home {
                 Home::Own(socket) => Some(socket.path().to_owned()),
-                Home::Lent(_) | Home::Guard(_) => None,
+                Home::Lent(..) | Home::Guard(_) => None,
             })
             .collect();
         open.extend(self.sessions.paths());

@@ -470,6 +470,7 @@ impl Grants {
             return Err(broker_down());
         }
         let run = hex::encode(rand::random::<[u8; 16]>());
+        let call_token = slot.is_some_and(SessionSlot::call_tokens);
         let request = OpenRun {
             run: run.clone(),
             principal: principal.to_owned(),
@@ -479,6 +480,7 @@ impl Grants {
             delivery,
             slot: slot.map(|s| s.id().to_owned()),
             kept_from_earlier_calls,
+            call_token,
         };
         match live.client.open(&request).await {
             Ok(Ok(grant)) => {
@@ -488,10 +490,11 @@ impl Grants {
                     opened: Instant::now(),
                     summary: tokio::sync::OnceCell::new(),
                 });
-                // A lent grant is reached where the session's slot is.
+                // A lent grant is reached where the session's slot is, unless the call has
+                // a token of its own.
                 let access = match slot {
-                    Some(slot) => Some(slot.access().clone()),
-                    None => GuestAccess::from_reach(grant.reach),
+                    Some(slot) if !call_token => Some(slot.access().clone()),
+                    _ => GuestAccess::from_reach(grant.reach),
                 };
                 let Some(access) = access else {
                     tokio::spawn(async move { end.close().await });

@@ -25,6 +25,9 @@ pub struct SessionSlot {
     client: Client,
     access: GuestAccess,
     delivery: Delivery,
+    /// Each lent call gets a guard token of its own instead of the slot's (see
+    /// [`Grants::open_session_slot`]).
+    call_tokens: bool,
     closed: bool,
 }
 
@@ -35,6 +38,11 @@ impl SessionSlot {
     /// the guest's host-api path, or the session's guard token.
     pub fn access(&self) -> &GuestAccess {
         &self.access
+    }
+
+    /// Whether each lent call gets a guard token of its own.
+    pub(super) fn call_tokens(&self) -> bool {
+        self.call_tokens
     }
 
     /// The slot id the broker knows it by (never the session id a caller sees).
@@ -74,12 +82,16 @@ fn close_later(client: Client, id: String) {
 
 impl Grants {
     /// Opens a session's slot until `deadline`, reached the way the provider delivers grants.
-    /// `None` when grants are off, or when the broker is down or refuses (logged): that
-    /// session's granted calls are then refused.
+    /// With `call_tokens` (a guard-delivered slot whose provider puts the guard rule on per
+    /// call: e2b's `E2B_SESSION_GRANTS=call`), each lent call gets a fresh guard token of
+    /// its own, dead when the call's grant closes, so a token seen in one call is useless in
+    /// every other. `None` when grants are off, or when the broker is down or refuses
+    /// (logged): that session's granted calls are then refused.
     pub async fn open_session_slot(
         &self,
         deadline: SystemTime,
         delivery: Delivery,
+        call_tokens: bool,
     ) -> Option<SessionSlot> {
         let live = self.live.as_ref()?;
         if !live.up.load(Ordering::Relaxed) {
@@ -99,6 +111,7 @@ impl Grants {
                     client: live.client.clone(),
                     access,
                     delivery,
+                    call_tokens: call_tokens && delivery == Delivery::Guard,
                     closed: false,
                 });
                 if slot.is_none() {

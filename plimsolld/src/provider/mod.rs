@@ -373,6 +373,13 @@ pub trait Provider: Send + Sync + 'static {
         Delivery::Socket
     }
 
+    /// Whether each granted session call needs a guard token of its own (grants.md §6.7):
+    /// a provider that puts the guard rule on per call (e2b's `E2B_SESSION_GRANTS=call`)
+    /// names the call's token in it, so no token outlives its call.
+    fn session_call_tokens(&self) -> bool {
+        false
+    }
+
     /// A metered provider's daemon-wide paid day (`SANDBOX_PAID_SECONDS_PER_DAY`), which
     /// admission reserves against and the provider charges its own startup VMs to; `None`
     /// for a provider that is not metered.

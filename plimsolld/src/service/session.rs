@@ -78,10 +78,11 @@ pub(super) async fn open(
     let grant_path = description.supports_javascript_grants || description.supports_project_grants;
     let grants = Arc::clone(&state.grants);
     let delivery = state.provider.grant_delivery();
+    let call_tokens = state.provider.session_call_tokens();
     let slot = async move {
         if grant_path {
             grants
-                .open_session_slot(SystemTime::now() + lifetime, delivery)
+                .open_session_slot(SystemTime::now() + lifetime, delivery, call_tokens)
                 .await
         } else {
             None

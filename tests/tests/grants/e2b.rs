@@ -310,3 +310,109 @@ fn e2b_session_grants_follow_e2b_session_grants() {
         sim.wait_empty(Duration::from_secs(60));
     }
 }
+
+/// `E2B_SESSION_GRANTS=call` (grants.md §5.4, §6.7): each granted call gets a guard token of
+/// its own, minted by the broker for that call and named only in the VM's rule while the call
+/// runs. The token read from the rule during call N reaches the run during call N (the
+/// broker's route check answers), is 401 once call N is answered and during call N+1, and
+/// call N+1's token differs; none reaches the daemon's log.
+#[test]
+fn e2b_call_mode_gives_each_granted_call_a_fresh_guard_token() {
+    if !e2b_ready() {
+        return;
+    }
+    let f = Fixture::start();
+    f.write_grants(&super::sessions::session_profiles(&f));
+    let sim = E2bSim::start();
+    let mut env = f.env(&[]);
+    for (k, v) in sim.env(&[
+        ("E2B_GUARD_URL", &format!("https://{GUARD_HOST}")),
+        ("PLIMSOLL_GUARD_ADDR", "127.0.0.1:0"),
+        ("E2B_SESSION_GRANTS", "call"),
+        ("SANDBOX_MAX_SESSIONS", "2"),
+        ("SANDBOX_SESSION_IDLE", "10m"),
+    ]) {
+        env.retain(|(name, _)| *name != k);
+        env.push((k, v));
+    }
+    let d = Daemon::start_within(&borrowed(&env), START_TIMEOUT);
+    let guard_addr = d.listening["guard_addr"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned();
+    sim.sim
+        .map_host(GUARD_HOST, &format!("http://{guard_addr}"), None)
+        .expect("map the guard");
+    let resp = connect::call_as(
+        &f.alice,
+        "OpenSession",
+        &json!({ "protocol": connect::PROTOCOL }),
+    )
+    .send(d.addr);
+    assert_eq!(resp.status, 200, "open: {resp}");
+    let id = resp.json()["sessionId"]
+        .as_str()
+        .expect("sessionId")
+        .to_owned();
+    let first = session_call(&d, &f.alice, &id, "console.log('hi')", "").expect("a plain call");
+    let instance = first["instance"].as_str().unwrap_or_default().to_owned();
+    assert!(
+        network_of(&sim, &instance).1.is_none(),
+        "no token between calls"
+    );
+    // A granted call that lasts a while, so the test can read the rule's token and try it
+    // at the guard meanwhile.
+    let slow = "(async () => { await new Promise((r) => setTimeout(r, 2000)); console.log((await host.get('/items/7')).id); })().catch((e) => { console.error(String(e)); process.exit(3); });";
+    // The test's own probe names a route outside the grant: a live token reaches the run
+    // and the broker's route check (403), a dead one stops at the token (401), and the
+    // session's route cap (two calls of `GET /items/*` for its whole life) is left to the
+    // guest's calls.
+    let envelope = r#"{"method":"GET","path":"/not-allowed"}"#;
+    let mut seen: Vec<String> = Vec::new();
+    for n in 0..2 {
+        let (addr, alice, session) = (d.addr, f.alice.clone(), id.clone());
+        let call = std::thread::spawn(move || {
+            let body = json!({ "protocol": connect::PROTOCOL, "sessionId": session, "timeoutMs": 30_000, "javascript": { "code": slow, "grantProfile": "sess" } });
+            connect::call_as(&alice, "SessionRun", &body).send(addr)
+        });
+        let deadline = std::time::Instant::now() + Duration::from_secs(60);
+        let token = loop {
+            if let (_, Some(token)) = network_of(&sim, &instance) {
+                break token;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "call {n}: no guard rule while it ran"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        };
+        assert!(!seen.contains(&token), "call {n} reused an earlier token");
+        // Live during its own call; every earlier call's token is dead.
+        assert_eq!(
+            post_to_guard(&guard_addr, &token, envelope),
+            403,
+            "call {n}"
+        );
+        for old in &seen {
+            assert_eq!(post_to_guard(&guard_addr, old, envelope), 401, "call {n}");
+        }
+        let resp = call.join().expect("the call's thread");
+        assert_eq!(resp.status, 200, "call {n}: {resp}");
+        assert_eq!(stdout_of(&resp.json()["run"]), "7\n", "call {n}");
+        // Dead once the call is answered.
+        assert_eq!(
+            post_to_guard(&guard_addr, &token, envelope),
+            401,
+            "call {n}"
+        );
+        assert!(
+            network_of(&sim, &instance).1.is_none(),
+            "call {n}: rule off"
+        );
+        seen.push(token);
+    }
+    let logs = d.logs().join("\n");
+    for token in &seen {
+        assert!(!logs.contains(token.as_str()), "a call's token was logged");
+    }
+}

@@ -366,6 +366,10 @@ impl Provider for E2b {
         Delivery::Guard
     }
 
+    fn session_call_tokens(&self) -> bool {
+        self.session_grants == SessionGrants::Call
+    }
+
     fn paid_day(&self) -> Option<Arc<PaidDay>> {
         Some(self.paid.clone())
     }
