@@ -414,7 +414,7 @@ mod tests {
             tokio::spawn(async move { client.hello().await.map(|h| h.version) })
         });
         for call in calls {
-            assert_eq!(call.await.unwrap().unwrap(), 3);
+            assert_eq!(call.await.unwrap().unwrap(), 4);
         }
         let n = accepted.load(std::sync::atomic::Ordering::SeqCst);
         assert!((1..=3).contains(&n), "{n} connections for 30 calls");

@@ -571,6 +571,84 @@ async fn a_session_token_serves_only_the_grant_lent_to_it() {
     assert_eq!(api.requests().len(), 2);
 }
 
+/// A call lent to a guard session slot with `call_token` gets a token of its own
+/// (`E2B_SESSION_GRANTS=call`): it serves that call only (401 once the call closes, and in
+/// the next call, which gets another), the session's own token is never handed out for it,
+/// the session's route caps still count across calls, and a call token is refused for a run
+/// that is not lent to a guard slot.
+#[tokio::test]
+async fn a_lent_call_may_get_a_token_of_its_own_that_dies_with_the_call() {
+    let api = TestApi::start();
+    api.respond("GET", "/items/abc", Reply::json(200, "{}"));
+    let mut profile = jwt_profile(&api, "JWT_SECRET_A", &["GET /items/*"]);
+    profile["allow_in_sessions"] = json!(true);
+    profile["route_max_calls"] = json!({ "GET /items/*": 2 });
+    let broker = Broker::start_with(&api, &grants(json!({"sess": profile})), true).await;
+    let guard = GuardProcess::start(&broker, None).await;
+    let client = broker.client();
+    let open = OpenSession {
+        session: fresh_run_id(),
+        deadline_unix_ms: now_ms() + 60_000,
+        delivery: Delivery::Guard,
+    };
+    let Reach::GuardToken(session_token) = client.open_session(&open).await.unwrap().unwrap().reach
+    else {
+        panic!("a guard session got no token");
+    };
+    let call = |token: &str| guard_request(Some(token), envelope("GET", "/items/abc"));
+    // Not lent, or not guard-delivered: no call token.
+    let unlent = OpenRun {
+        delivery: Delivery::Guard,
+        call_token: true,
+        ..open_request("alice", "sess", 20_000)
+    };
+    let refused = client.open(&unlent).await.unwrap().unwrap_err();
+    assert_eq!(
+        refused.reason,
+        RefusalReason::Request,
+        "{}",
+        refused.message
+    );
+    let mut seen: Vec<String> = Vec::new();
+    for n in 0..2 {
+        let lend = OpenRun {
+            delivery: Delivery::Guard,
+            call_token: true,
+            ..lend_request("alice", "sess", &open.session)
+        };
+        let grant = client.open(&lend).await.unwrap().unwrap();
+        let Reach::GuardToken(token) = grant.reach else {
+            panic!(
+                "call {n}: a call token was asked for, got {:?}",
+                grant.reach
+            );
+        };
+        assert_ne!(token, session_token, "call {n}");
+        assert!(!seen.contains(&token), "call {n} reused a token");
+        let answer = send(guard.addr, call(&token)).await;
+        assert_eq!(answer.status, 200, "call {n}: {}", answer.text());
+        for old in &seen {
+            assert_unknown(&send(guard.addr, call(old)).await);
+        }
+        client.close(&lend.run).await.unwrap();
+        assert_unknown(&send(guard.addr, call(&token)).await);
+        seen.push(token);
+    }
+    // Both calls counted against the session's cap: a third call is capped, whatever its token.
+    let lend = OpenRun {
+        delivery: Delivery::Guard,
+        call_token: true,
+        ..lend_request("alice", "sess", &open.session)
+    };
+    let Reach::GuardToken(token) = client.open(&lend).await.unwrap().unwrap().reach else {
+        panic!("no call token");
+    };
+    assert_eq!(send(guard.addr, call(&token)).await.status, 429);
+    client.close_session(&open.session).await.unwrap();
+    assert_unknown(&send(guard.addr, call(&token)).await);
+    assert_eq!(api.requests().len(), 2);
+}
+
 #[tokio::test]
 async fn a_restarted_guard_loses_no_run() {
     let api = TestApi::start();
