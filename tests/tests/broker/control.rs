@@ -21,7 +21,7 @@ async fn the_control_socket_is_private_and_answers_hello() {
         .mode();
     assert_eq!(parent & 0o777, 0o700);
     let hello = broker.client().hello().await.unwrap();
-    assert_eq!((hello.version, hello.generation, hello.profiles), (3, 1, 1));
+    assert_eq!((hello.version, hello.generation, hello.profiles), (4, 1, 1));
     assert!(!hello.guard, "no guard socket was asked for");
 }
 
