@@ -7,7 +7,9 @@ E2B's own SDK), whose VMs are local containers under each runtime
 PLIMSOLL_TEST_DOCKER_RUNTIMES names. The client runs a snippet, a timed-out snippet and a
 project; it verifies each run record against the request it sent and the floor against the
 answer (a `kernel` floor is met by `vm`), and the test checks what the records state:
-provider e2b, tier vm, the template as the environment, an `e2b-sandbox:` instance.
+provider e2b, tier vm, the template as the environment, an `e2b-sandbox:` instance. A caller
+whose own daily paid allowance (clients file) cannot cover a run gets the client's typed
+`AtCapacityError`, not dispatched for `capacity`, while another caller runs.
 
 Docker and the simulator's template image are required: when missing the test FAILS unless
 PLIMSOLL_TEST_DOCKER_SKIP=1.
@@ -17,12 +19,15 @@ PLIMSOLL_TEST_DOCKER_SKIP=1.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import pathlib
 import re
+import secrets
 import subprocess
 import sys
+import tempfile
 import unittest
 from typing import Dict
 
@@ -92,6 +97,18 @@ class E2bInteropTest(unittest.TestCase):
                 try:
                     ready = sim.ready
                     self.assertEqual(ready["runtime"], runtime)
+                    # Caller "thrifty" may spend 60 paid seconds a day, caller "main" has no
+                    # allowance of its own.
+                    thrifty, main = secrets.token_hex(32), secrets.token_hex(32)
+                    clients_dir = tempfile.TemporaryDirectory()
+                    self.addCleanup(clients_dir.cleanup)
+                    clients_file = pathlib.Path(clients_dir.name) / "clients.json"
+                    clients_file.write_text(json.dumps({"clients": [
+                        {"id": "thrifty", "token_sha256": hashlib.sha256(thrifty.encode()).hexdigest(),
+                         "scopes": ["code:run"], "paid_seconds_per_day": 60},
+                        {"id": "main", "token_sha256": hashlib.sha256(main.encode()).hexdigest(),
+                         "scopes": ["code:run"]},
+                    ]}))
                     daemon = Plimsolld(
                         {
                             "SANDBOX_PROVIDER": "e2b",
@@ -99,13 +116,19 @@ class E2bInteropTest(unittest.TestCase):
                             "E2B_API_URL": ready["api"],
                             "E2B_SANDBOX_URL": ready["envd"],
                             "E2B_TEMPLATE": "base",
+                            "PLIMSOLL_CLIENTS_FILE": str(clients_file),
                         },
                         start_timeout=START_TIMEOUT,
                         stop_timeout=90.0,
-                        token=True,
                     )
                     try:
-                        client = pc.Client(daemon.url, daemon.token, request_timeout=REQUEST_TIMEOUT)
+                        # 30 s + the 33 s teardown bound is over thrifty's 60: refused, typed.
+                        capped = pc.Client(daemon.url, thrifty, request_timeout=REQUEST_TIMEOUT)
+                        with self.assertRaises(pc.AtCapacityError) as refused:
+                            capped.run_javascript("console.log('must not run')", timeout=30)
+                        self.assertEqual(refused.exception.not_dispatched, "capacity")
+                        self.assertIn("paid_seconds_per_day=60", refused.exception.message)
+                        client = pc.Client(daemon.url, main, request_timeout=REQUEST_TIMEOUT)
                         info = client.describe()
                         self.assertEqual((info.provider, info.isolation), ("e2b", "vm"))
                         self.assertTrue(info.supports_project)

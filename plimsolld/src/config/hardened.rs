@@ -6,10 +6,10 @@
 //! reported together.
 //!
 //! Rules this build can judge: isolation (1), identity (2), transport (3), immutable surface
-//! (4), the explicit envelope (5) and sessions (8). The provider's part of rules 1, 4 and 5
-//! (the tier it could reach, its own surface, the limits its sandboxes need) comes from its
-//! settings ([`crate::provider::config::ProviderSettings`]); rate (6), per-caller concurrency
-//! (7) and metered allowances (9) arrive with the settings they judge.
+//! (4), the explicit envelope (5), sessions (8) and metered allowances (9). The provider's
+//! part of rules 1, 4 and 5 (the tier it could reach, its own surface, the limits its
+//! sandboxes need) comes from its settings ([`crate::provider::config::ProviderSettings`]);
+//! rate (6) and per-caller concurrency (7) arrive with the settings they judge.
 
 use super::env::{
     ENV_ADDR, ENV_CLIENTS_FILE, ENV_CPUS, ENV_DISK_MB, ENV_INSECURE, ENV_MEMORY_MB,
@@ -119,6 +119,25 @@ pub fn hardened_violations(config: &Config, proven_tier: Option<&str>) -> Vec<St
         ));
     }
 
+    // 9. Metered providers: every caller has a daily paid allowance of its own.
+    if let AuthConfig::Clients(file) = &config.auth
+        && provider.metered()
+    {
+        let without: Vec<&str> = file
+            .clients
+            .iter()
+            .filter(|c| c.paid_seconds_per_day.unwrap_or(0) == 0)
+            .map(|c| c.id.as_str())
+            .collect();
+        if !without.is_empty() {
+            violations.push(format!(
+                "metered: the {} provider bills by the second and these callers have no paid_seconds_per_day above 0: {}",
+                config.provider,
+                without.join(", ")
+            ));
+        }
+    }
+
     violations
 }
 
@@ -152,7 +171,7 @@ pub(crate) fn passing() -> Config {
             id: "ci".into(),
             token_sha256: "a".repeat(64),
             scopes: vec!["code:run".into()],
-            paid_seconds_per_day: None,
+            paid_seconds_per_day: Some(3600),
         }])
         .unwrap(),
     );
@@ -291,6 +310,43 @@ mod tests {
         assert!(
             err.to_string()
                 .starts_with("hardened-mode policy violation")
+        );
+    }
+
+    #[test]
+    fn a_metered_provider_needs_an_allowance_for_every_caller() {
+        use crate::auth::clients_file::{ClientEntry, ClientsFile};
+
+        let entry = |id: &str, paid: Option<u64>| ClientEntry {
+            id: id.into(),
+            token_sha256: id.repeat(64)[..64].to_owned(),
+            scopes: vec!["code:run".into()],
+            paid_seconds_per_day: paid,
+        };
+        let mut config = passing();
+        config.auth = AuthConfig::Clients(
+            ClientsFile::new(vec![
+                entry("a", Some(60)),
+                entry("b", None),
+                entry("c", Some(0)),
+            ])
+            .unwrap(),
+        );
+        // Not metered: allowances are not asked for.
+        assert!(violations(&config).is_empty(), "{:?}", violations(&config));
+        let mut env = HashMap::new();
+        env.insert("SANDBOX_PROVIDER".to_owned(), "e2b".to_owned());
+        env.insert("E2B_API_KEY".to_owned(), "k".to_owned());
+        env.insert("PLIMSOLL_INSECURE".to_owned(), "1".to_owned());
+        config.provider = Config::from_env(&env).unwrap().provider;
+        let found: Vec<String> = violations(&config)
+            .into_iter()
+            .filter(|v| v.starts_with("metered:"))
+            .collect();
+        assert_eq!(found.len(), 1, "{found:?}");
+        assert!(
+            found[0].ends_with("no paid_seconds_per_day above 0: b, c"),
+            "{found:?}"
         );
     }
 
