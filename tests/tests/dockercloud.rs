@@ -30,6 +30,9 @@ macro_rules! require_dockercloud {
     };
 }
 
+#[path = "dockercloud/paid.rs"]
+mod paid;
+
 fn send(addr: SocketAddr, req: &Request) -> Response {
     let mut conn = Connection::open(addr);
     conn.set_read_timeout(ANSWER_TIMEOUT);
