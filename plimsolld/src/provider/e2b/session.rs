@@ -10,7 +10,9 @@
 //! - the calls: snippets and projects exactly as one-shot runs, files staying in the VM;
 //!   granted ones reach the guard as `E2B_SESSION_GRANTS` says: `session` makes the VM with
 //!   the guard rule and the session's token (401 between calls), `call` puts the rule on for
-//!   the call (`PUT /sandboxes/{id}/network`) and plain deny-all back after it;
+//!   the call (`PUT /sandboxes/{id}/network`) with a token the broker minted for that call
+//!   alone (`Provider::session_call_tokens`; 401 once it is answered) and plain deny-all
+//!   back after it;
 //! - after each call: root kills every process of `user` and measures `user`'s files;
 //! - suspend is E2B's pause (its admission slot is given back: a paused VM runs nothing); the
 //!   end is the kill.
