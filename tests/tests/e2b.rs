@@ -31,6 +31,8 @@ macro_rules! require_e2b {
     };
 }
 
+#[path = "e2b/bench.rs"]
+mod bench;
 #[path = "e2b/session.rs"]
 mod session;
 
