@@ -135,6 +135,23 @@ fn snippets_and_projects_run_in_fresh_vms_at_tier_vm() {
     let v = answered(&d, &snippet("process.exit(3)", 20_000));
     assert_eq!(v["javascript"]["exitCode"], 3, "{v}");
 
+    // Small code travels with the process start, large code is uploaded first: either way
+    // node runs the same file holding exactly the code (quotes, `$`, backslashes and all),
+    // with the same argv and no trace in its environment.
+    let probe = "// '\"$HOME\\n`x`\nconst f = require('fs').readFileSync(__filename, 'utf8'); console.log(__filename, process.argv.slice(1).join(' '), 'PLIMSOLL_SNIPPET' in process.env, f.length)";
+    for pad in [0, 100_000] {
+        let code = format!("{probe}\n//{}", "x".repeat(pad));
+        let v = answered(&d, &snippet(&code, 20_000));
+        assert_eq!(
+            field(&v["javascript"], "stdout"),
+            format!(
+                "/tmp/plimsoll-snippet.cjs /tmp/plimsoll-snippet.cjs false {}\n",
+                code.len()
+            ),
+            "{v}"
+        );
+    }
+
     // The deadline: envd's Connect-Timeout-Ms ends it and the answer says so.
     let started = Instant::now();
     let v = answered(&d, &snippet("for(;;){}", 1_500));

@@ -1,6 +1,8 @@
 //! Snippets and projects in a VM (grants.md §6.5).
 //!
-//! A snippet is written to `/tmp/plimsoll-snippet.cjs` (no argv limits) and run with `node`.
+//! A snippet is written to `/tmp/plimsoll-snippet.cjs` and run with `node`: up to 64 KiB it
+//! travels in the process start's environment and the process writes the file itself, larger
+//! code is uploaded first (no argv or environment limits).
 //! A project's files go under `/home/user/project` and each step into its own
 //! `/tmp/plimsoll-step-<i>.sh`, all in one multipart upload; each step is then its own envd
 //! process, `sh <script>` in the project directory, with what is left of the budget. The
@@ -18,6 +20,21 @@ use crate::provider::docker::settings::OUTPUT_CAP;
 
 /// The snippet's file.
 pub const SNIPPET_FILE: &str = "/tmp/plimsoll-snippet.cjs";
+/// The longest snippet that travels in the process's environment: Linux bounds one
+/// environment string at 128 KiB, and the guard library may be prepended.
+const INLINE_MAX: usize = 64 << 10;
+/// The variable an inline snippet travels in; unset before node starts.
+const INLINE_VAR: &str = "PLIMSOLL_SNIPPET";
+
+/// The shell line that writes an inline snippet to its file, as an upload would (same path,
+/// same owner), and replaces itself with node on it: the code sees the same file, argv and
+/// environment either way.
+fn inline_script() -> String {
+    format!(
+        "printf '%s' \"${INLINE_VAR}\" > {SNIPPET_FILE} && unset {INLINE_VAR} && exec node {SNIPPET_FILE}"
+    )
+}
+
 /// A project's directory.
 pub const PROJECT_DIR: &str = "/home/user/project";
 /// A granted project's client library, loaded by every node a step starts.
@@ -58,7 +75,9 @@ fn exit_of(ending: Ending, vm: &Vm) -> Result<i32, RunError> {
 }
 
 /// Runs a snippet in `vm`; a granted one gets `library` (the guard client, no token)
-/// prepended.
+/// prepended. Code that fits in one environment string travels with the process start and
+/// the process writes its own file: one envd call where an upload and a start were two.
+/// Larger code (or code with a NUL, which no environment can hold) is uploaded first.
 pub async fn snippet(
     vm: &Vm,
     code: &str,
@@ -69,21 +88,30 @@ pub async fn snippet(
         Some(library) => format!("{library}{code}"),
         None => code.to_owned(),
     };
-    vm.envd
-        .upload(&[(SNIPPET_FILE.to_owned(), code.into_bytes())])
-        .await?;
-    let envs: &[(&str, &str)] = if library.is_some() {
-        &[("NODE_EXTRA_CA_CERTS", CA_BUNDLE)]
+    let inline = code.len() <= INLINE_MAX && !code.contains('\0');
+    if !inline {
+        vm.envd
+            .upload(&[(SNIPPET_FILE.to_owned(), code.clone().into_bytes())])
+            .await?;
+    }
+    let mut envs: Vec<(&str, &str)> = Vec::new();
+    if library.is_some() {
+        envs.push(("NODE_EXTRA_CA_CERTS", CA_BUNDLE));
+    }
+    let script = inline_script();
+    let (cmd, args): (&str, &[&str]) = if inline {
+        envs.push((INLINE_VAR, &code));
+        ("sh", &["-c", &script])
     } else {
-        &[]
+        ("node", &[SNIPPET_FILE])
     };
     let finished = vm
         .envd
         .run(&Command {
-            cmd: "node",
-            args: &[SNIPPET_FILE],
+            cmd,
+            args,
             cwd: None,
-            envs,
+            envs: &envs,
             timeout,
             stdout_cap: OUTPUT_CAP,
             stderr_cap: OUTPUT_CAP,
