@@ -11,12 +11,13 @@
 
 use std::time::{Duration, Instant};
 
-use plimsoll::wire::{Artifact, ProjectOutcome, ProjectResult, StepResult};
+use plimsoll::wire::{ProjectOutcome, ProjectResult, StepResult};
 
 use super::envd::{Command, EXIT_FLOOD, EXIT_TIMED_OUT, Ending, EnvdError, Finished};
 use super::sandbox::Vm;
 use crate::provider::ProjectPlan;
 use crate::provider::docker::settings::OUTPUT_CAP;
+use crate::provider::remote::{self, Read, outcome};
 
 /// The snippet's file.
 pub const SNIPPET_FILE: &str = "/tmp/plimsoll-snippet.cjs";
@@ -42,8 +43,6 @@ pub const HOST_LIBRARY: &str = "/tmp/plimsoll-e2b-host.mjs";
 /// The VM's CA bundle, which holds E2B's egress proxy's CA: node trusts only what
 /// `NODE_EXTRA_CA_CERTS` names.
 const CA_BUNDLE: &str = "/etc/ssl/certs/ca-certificates.crt";
-/// The whole of a project's artifacts (grants.md §6.4).
-const ARTIFACTS_CAP: usize = 8 << 20;
 
 /// Why a run has no result.
 #[derive(Debug, thiserror::Error)]
@@ -235,59 +234,21 @@ pub async fn project(
         }
     }
     if timed_out {
-        let mut result = outcome(
-            ProjectOutcome::PROJECT_OUTCOME_TIMED_OUT,
-            "the run exceeded its time budget".to_owned(),
-        );
-        result.steps = steps;
-        return Ok(result);
+        return Ok(remote::timed_out(steps));
     }
-    let (artifacts, artifacts_truncated) = artifacts(vm, &plan.artifacts).await;
-    Ok(ProjectResult {
-        outcome: ProjectOutcome::PROJECT_OUTCOME_COMPLETED.into(),
-        steps,
-        artifacts,
-        artifacts_truncated,
-        ..ProjectResult::default()
-    })
-}
-
-/// The asked artifacts that exist, within the total cap (what does not fit is dropped and
-/// flagged).
-async fn artifacts(vm: &Vm, asked: &[String]) -> (Vec<Artifact>, bool) {
-    let mut found = Vec::new();
-    let mut left = ARTIFACTS_CAP;
-    let mut truncated = false;
-    for path in asked {
-        // One byte over what is left tells "does not fit" from "fits exactly".
-        match vm
-            .envd
-            .download(&format!("{PROJECT_DIR}/{path}"), left + 1)
-            .await
-        {
-            Ok(Some(content)) if content.len() <= left => {
-                left -= content.len();
-                found.push(Artifact {
-                    path: path.clone(),
-                    content,
-                    ..Default::default()
-                });
+    let found = remote::artifacts(
+        vm.id(),
+        PROJECT_DIR,
+        &plan.artifacts,
+        |path, limit| async move {
+            match vm.envd.download(&path, limit).await {
+                Ok(Some(content)) => Read::Content(content),
+                Ok(None) => Read::Absent,
+                Err(EnvdError::Refused(_)) => Read::TooLarge,
+                Err(e) => Read::Failed(e.to_string()),
             }
-            Ok(Some(_)) | Err(EnvdError::Refused(_)) => truncated = true,
-            Ok(None) => {}
-            Err(e) => {
-                tracing::warn!(sandbox = %vm.id(), error = %e, "e2b: an artifact could not be read");
-                truncated = true;
-            }
-        }
-    }
-    (found, truncated)
-}
-
-fn outcome(outcome: ProjectOutcome, detail: String) -> ProjectResult {
-    ProjectResult {
-        outcome: outcome.into(),
-        outcome_detail: detail,
-        ..ProjectResult::default()
-    }
+        },
+    )
+    .await;
+    Ok(remote::completed(steps, found))
 }
