@@ -5,13 +5,13 @@
 
 use std::io::{Read, Write};
 use std::net::TcpStream;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use e2b_simulator::process::{SimulatorProcess, binary};
 use serde_json::Value;
 
-use crate::Daemon;
 use crate::docker::runtime;
+use crate::{Daemon, sim};
 
 /// The startup proof makes a VM and runs its probe in it.
 pub const START_TIMEOUT: Duration = Duration::from_secs(180);
@@ -41,41 +41,22 @@ impl E2bSim {
 
     /// The daemon environment for this simulator, plus `extra` (which replaces).
     pub fn env(&self, extra: &[(&str, &str)]) -> Vec<(String, String)> {
-        let mut env: Vec<(String, String)> = [
-            ("SANDBOX_PROVIDER", "e2b"),
-            ("PLIMSOLL_INSECURE", "1"),
-            ("PLIMSOLL_METRICS_ADDR", "off"),
-            ("SANDBOX_RATE_PER_MIN", "0"),
-            ("SANDBOX_PER_KEY_CONCURRENT", "0"),
-            ("SANDBOX_MAX_CONCURRENT", "8"),
-            ("E2B_API_KEY", &self.sim.api_key),
+        let own = [
+            ("E2B_API_KEY", self.sim.api_key.as_str()),
             ("E2B_API_URL", &self.sim.api_url),
             ("E2B_SANDBOX_URL", &self.sim.envd_url),
             ("E2B_TEMPLATE", "base"),
-        ]
-        .iter()
-        .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
-        .collect();
-        for (k, v) in extra {
-            env.retain(|(name, _)| name != k);
-            env.push(((*k).to_owned(), (*v).to_owned()));
-        }
-        env
+        ];
+        sim::env("e2b", &own, extra)
     }
 
     pub fn daemon(&self, extra: &[(&str, &str)]) -> Daemon {
-        let env = self.env(extra);
-        let refs: Vec<(&str, &str)> = env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
-        Daemon::start_within(&refs, START_TIMEOUT)
+        sim::daemon(&self.env(extra), START_TIMEOUT)
     }
 
     /// Starts a daemon that must refuse to start; its stderr.
     pub fn refused(&self, extra: &[(&str, &str)]) -> String {
-        let env = self.env(extra);
-        let refs: Vec<(&str, &str)> = env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
-        let out = Daemon::refuse(&refs);
-        assert_ne!(out.code(), 0, "{}", out.stderr);
-        out.stderr
+        sim::refused(&self.env(extra))
     }
 
     /// The simulator's VMs (`[{sandboxID, container, state, processes}]`).
@@ -103,18 +84,7 @@ impl E2bSim {
 
     /// Waits (at most `bound`) until `done` holds for the VM ids.
     pub fn wait_for(&self, bound: Duration, what: &str, mut done: impl FnMut(&[String]) -> bool) {
-        let deadline = Instant::now() + bound;
-        loop {
-            let ids = self.ids();
-            if done(&ids) {
-                return;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "{what}: not within {bound:?}: {ids:?}"
-            );
-            std::thread::sleep(Duration::from_millis(200));
-        }
+        sim::wait_for(bound, what, || self.ids(), |ids| done(ids));
     }
 
     /// One call to E2B's control plane as a client (not the daemon) makes it: the status
