@@ -19,56 +19,36 @@ PLIMSOLL_TEST_DOCKER_SKIP=1.
 from __future__ import annotations
 
 import json
-import os
 import pathlib
 import re
-import subprocess
 import sys
 import time
 import unittest
 import urllib.request
-from typing import Any, Dict, List
+from typing import Any, List
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 sys.dont_write_bytecode = True  # no __pycache__ beside the tests
 
 import plimsoll_client as pc  # noqa: E402  (from the venv's site-packages)
 from plimsoll_client import errors  # noqa: E402
-from plimsolld_process import ROOT, Plimsolld  # noqa: E402
+import simulated  # noqa: E402
+from plimsolld_process import Plimsolld  # noqa: E402
+from simulated import REQUEST_TIMEOUT, RUNTIMES, START_TIMEOUT  # noqa: E402
 
 SANDBOX_IMAGE = "plimsoll-sim/dockercloud-sandbox:latest"
-SIMULATOR = pathlib.Path(os.environ.get("CARGO_TARGET_DIR") or ROOT / "target") / "debug" / "dockercloud-simulator"
-START_TIMEOUT = 180.0
-REQUEST_TIMEOUT = 90.0
-RUNTIMES = [r for r in os.environ.get("PLIMSOLL_TEST_DOCKER_RUNTIMES", "runc runsc").split() if r]
+SIMULATOR = simulated.simulator_binary("dockercloud-simulator")
 
 
 def problem() -> str:
-    try:
-        if subprocess.run(["docker", "image", "inspect", SANDBOX_IMAGE], capture_output=True, timeout=60).returncode:
-            return f"image {SANDBOX_IMAGE} is missing; run tests/simulators/dockercloud/image/build"
-    except (OSError, subprocess.TimeoutExpired) as e:
-        return f"docker is not usable ({e}); run scripts/setup-docker"
-    if not SIMULATOR.is_file():
-        return f"{SIMULATOR} is missing; run cargo build --workspace"
-    return ""
+    return simulated.problem(SANDBOX_IMAGE, "tests/simulators/dockercloud/image/build", SIMULATOR)
 
 
-class Simulator:
-    """The Docker Cloud simulator; it stops (and removes its sandboxes) when its stdin closes."""
+class Simulator(simulated.Simulator):
+    """The Docker Cloud simulator, with its admin API."""
 
     def __init__(self, runtime: str) -> None:
-        self.proc = subprocess.Popen(
-            [str(SIMULATOR), "--exit-on-stdin-eof", "--runtime", runtime],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-        )
-        assert self.proc.stdout is not None
-        line = self.proc.stdout.readline()
-        if not line:
-            self.proc.wait(30)
-            raise RuntimeError("the dockercloud simulator exited before it was ready")
-        self.ready: Dict[str, Any] = json.loads(line)
+        super().__init__(SIMULATOR, ["--exit-on-stdin-eof", "--runtime", runtime])
 
     def admin(self, method: str, path: str, body: Any = None) -> Any:
         data = None if body is None else json.dumps(body).encode()
@@ -90,23 +70,11 @@ class Simulator:
                 raise AssertionError(f"sandboxes left: {self.names()}")
             time.sleep(0.2)
 
-    def stop(self) -> None:
-        assert self.proc.stdin is not None
-        self.proc.stdin.close()
-        self.proc.wait(60)
-        if self.proc.stdout is not None:
-            self.proc.stdout.close()
-
 
 class DockerCloudInteropTest(unittest.TestCase):
 
     def setUp(self) -> None:
-        why = problem()
-        if not why:
-            return
-        if os.environ.get("PLIMSOLL_TEST_DOCKER_SKIP") == "1":
-            self.skipTest(f"PLIMSOLL_TEST_DOCKER_SKIP=1: {why}")
-        self.fail(f"{why} (set PLIMSOLL_TEST_DOCKER_SKIP=1 to skip on a developer machine)")
+        simulated.require(self, problem())
 
     def test_runs_seal_faults_and_drain_in_simulated_sandboxes(self) -> None:
         for runtime in RUNTIMES:

@@ -19,6 +19,7 @@ PLIMSOLL_TEST_DOCKER_SKIP=1.
 
 from __future__ import annotations
 
+<<<<<<< HEAD
 import hashlib
 import json
 import os
@@ -26,69 +27,42 @@ import pathlib
 import re
 import secrets
 import subprocess
+=======
+import pathlib
+import re
+>>>>>>> e2bbench
 import sys
 import tempfile
 import unittest
-from typing import Dict
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 sys.dont_write_bytecode = True  # no __pycache__ beside the tests
 
 import plimsoll_client as pc  # noqa: E402  (from the venv's site-packages)
 from plimsoll_client.workspace import Workspace  # noqa: E402
-from plimsolld_process import ROOT, Plimsolld  # noqa: E402
+import simulated  # noqa: E402
+from plimsolld_process import Plimsolld  # noqa: E402
+from simulated import REQUEST_TIMEOUT, RUNTIMES, START_TIMEOUT  # noqa: E402
 
 TEMPLATE_IMAGE = "plimsoll-sim/e2b-base:latest"
-SIMULATOR = pathlib.Path(os.environ.get("CARGO_TARGET_DIR") or ROOT / "target") / "debug" / "e2b-simulator"
-START_TIMEOUT = 180.0
-REQUEST_TIMEOUT = 90.0
-RUNTIMES = [r for r in os.environ.get("PLIMSOLL_TEST_DOCKER_RUNTIMES", "runc runsc").split() if r]
+SIMULATOR = simulated.simulator_binary("e2b-simulator")
 
 
 def problem() -> str:
-    try:
-        if subprocess.run(["docker", "image", "inspect", TEMPLATE_IMAGE], capture_output=True, timeout=60).returncode:
-            return f"image {TEMPLATE_IMAGE} is missing; run scripts/setup-e2b-simulator"
-    except (OSError, subprocess.TimeoutExpired) as e:
-        return f"docker is not usable ({e}); run scripts/setup-docker"
-    if not SIMULATOR.is_file():
-        return f"{SIMULATOR} is missing; run cargo build --workspace"
-    return ""
+    return simulated.problem(TEMPLATE_IMAGE, "scripts/setup-e2b-simulator", SIMULATOR)
 
 
-class Simulator:
-    """The E2B simulator; it stops (and removes its VMs) when its stdin closes."""
+class Simulator(simulated.Simulator):
+    """The E2B simulator."""
 
     def __init__(self, runtime: str) -> None:
-        self.proc = subprocess.Popen(
-            [str(SIMULATOR), "--watch-stdin", "--runtime", runtime],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-        )
-        assert self.proc.stdout is not None
-        line = self.proc.stdout.readline()
-        if not line:
-            self.proc.wait(30)
-            raise RuntimeError("the e2b simulator exited before it was ready")
-        self.ready: Dict[str, str] = json.loads(line)
-
-    def stop(self) -> None:
-        assert self.proc.stdin is not None
-        self.proc.stdin.close()
-        self.proc.wait(60)
-        if self.proc.stdout is not None:
-            self.proc.stdout.close()
+        super().__init__(SIMULATOR, ["--watch-stdin", "--runtime", runtime])
 
 
 class E2bInteropTest(unittest.TestCase):
 
     def setUp(self) -> None:
-        why = problem()
-        if not why:
-            return
-        if os.environ.get("PLIMSOLL_TEST_DOCKER_SKIP") == "1":
-            self.skipTest(f"PLIMSOLL_TEST_DOCKER_SKIP=1: {why}")
-        self.fail(f"{why} (set PLIMSOLL_TEST_DOCKER_SKIP=1 to skip on a developer machine)")
+        simulated.require(self, problem())
 
     def test_snippets_and_a_project_in_simulated_microvms_with_verified_records(self) -> None:
         for runtime in RUNTIMES:

@@ -17,74 +17,41 @@ PLIMSOLL_TEST_DOCKER_SKIP=1.
 
 from __future__ import annotations
 
-import json
 import os
 import pathlib
 import re
-import subprocess
 import sys
 import tempfile
 import unittest
-from typing import Dict
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 sys.dont_write_bytecode = True  # no __pycache__ beside the tests
 
 import plimsoll_client as pc  # noqa: E402  (from the venv's site-packages)
-from plimsolld_process import ROOT, Plimsolld  # noqa: E402
+import simulated  # noqa: E402
+from plimsolld_process import Plimsolld  # noqa: E402
+from simulated import REQUEST_TIMEOUT, RUNTIMES, START_TIMEOUT  # noqa: E402
 
 PREFIX = os.environ.get("PLIMSOLL_IMAGE_PREFIX") or "plimsoll"
 PROJECT_IMAGE = f"{PREFIX}/sandbox:latest"
-SIMULATOR = pathlib.Path(os.environ.get("CARGO_TARGET_DIR") or ROOT / "target") / "debug" / "openshell-simulator"
-START_TIMEOUT = 180.0
-REQUEST_TIMEOUT = 90.0
-RUNTIMES = [r for r in os.environ.get("PLIMSOLL_TEST_DOCKER_RUNTIMES", "runc runsc").split() if r]
+SIMULATOR = simulated.simulator_binary("openshell-simulator")
 
 
 def problem() -> str:
-    try:
-        if subprocess.run(["docker", "image", "inspect", PROJECT_IMAGE], capture_output=True, timeout=60).returncode:
-            return f"image {PROJECT_IMAGE} is missing; run images/build"
-    except (OSError, subprocess.TimeoutExpired) as e:
-        return f"docker is not usable ({e}); run scripts/setup-docker"
-    if not SIMULATOR.is_file():
-        return f"{SIMULATOR} is missing; run cargo build --workspace"
-    return ""
+    return simulated.problem(PROJECT_IMAGE, "images/build", SIMULATOR)
 
 
-class Simulator:
-    """The gateway simulator; it stops (and removes its containers) when its stdin closes."""
+class Simulator(simulated.Simulator):
+    """The gateway simulator; its certificates go to `cert_dir`."""
 
     def __init__(self, runtime: str, cert_dir: str) -> None:
-        self.proc = subprocess.Popen(
-            [str(SIMULATOR), "--cert-dir", cert_dir, "--runtime", runtime, "--exit-on-stdin-eof"],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-        )
-        assert self.proc.stdout is not None
-        line = self.proc.stdout.readline()
-        if not line:
-            self.proc.wait(30)
-            raise RuntimeError("the openshell simulator exited before it was ready")
-        self.ready: Dict[str, str] = json.loads(line)
-
-    def stop(self) -> None:
-        assert self.proc.stdin is not None
-        self.proc.stdin.close()
-        self.proc.wait(60)
-        if self.proc.stdout is not None:
-            self.proc.stdout.close()
+        super().__init__(SIMULATOR, ["--cert-dir", cert_dir, "--runtime", runtime, "--exit-on-stdin-eof"])
 
 
 class OpenShellInteropTest(unittest.TestCase):
 
     def setUp(self) -> None:
-        why = problem()
-        if not why:
-            return
-        if os.environ.get("PLIMSOLL_TEST_DOCKER_SKIP") == "1":
-            self.skipTest(f"PLIMSOLL_TEST_DOCKER_SKIP=1: {why}")
-        self.fail(f"{why} (set PLIMSOLL_TEST_DOCKER_SKIP=1 to skip on a developer machine)")
+        simulated.require(self, problem())
 
     def test_snippets_and_a_project_on_the_simulated_gateway_with_verified_records(self) -> None:
         for runtime in RUNTIMES:

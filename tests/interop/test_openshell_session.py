@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import http.client
 import json
-import os
 import pathlib
 import sys
 import tempfile
@@ -40,6 +39,7 @@ sys.dont_write_bytecode = True
 
 import plimsoll_client as pc  # noqa: E402
 from plimsoll_client.workspace import Workspace  # noqa: E402
+import simulated  # noqa: E402
 from plimsolld_process import Plimsolld  # noqa: E402
 from test_openshell import PROJECT_IMAGE, RUNTIMES, START_TIMEOUT, Simulator, problem  # noqa: E402
 
@@ -133,12 +133,7 @@ def until_admitted(call: Callable[[], object]) -> object:
 
 class OpenShellSessionTest(unittest.TestCase):
     def setUp(self) -> None:
-        why = problem()
-        if not why:
-            return
-        if os.environ.get("PLIMSOLL_TEST_DOCKER_SKIP") == "1":
-            self.skipTest(f"PLIMSOLL_TEST_DOCKER_SKIP=1: {why}")
-        self.fail(f"{why} (set PLIMSOLL_TEST_DOCKER_SKIP=1 to skip on a developer machine)")
+        simulated.require(self, problem())
 
     def test_sessions_keep_files_stop_when_idle_end_typed_and_drain(self) -> None:
         for runtime in RUNTIMES:

@@ -3,14 +3,14 @@
 //! [`crate::docker::runtime`] names, and `plimsolld` with `SANDBOX_PROVIDER=dockercloud`
 //! pointed at its token exchange, Connect API and policy API (plain http on loopback).
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use dockercloud_simulator::Faults;
 use dockercloud_simulator::launch::{LaunchOptions, Simulator};
 use serde_json::Value;
 
-use crate::Daemon;
 use crate::docker::runtime;
+use crate::{Daemon, sim};
 
 /// The startup proof makes a sandbox and runs its probe, a timeout and a flood in it.
 pub const START_TIMEOUT: Duration = Duration::from_secs(180);
@@ -60,44 +60,25 @@ impl DockerCloudSim {
     /// The daemon environment for this simulator, plus `extra` (which replaces).
     pub fn env(&self, extra: &[(&str, &str)]) -> Vec<(String, String)> {
         let r = &self.sim.ready;
-        let mut env: Vec<(String, String)> = [
-            ("SANDBOX_PROVIDER", "dockercloud"),
-            ("PLIMSOLL_INSECURE", "1"),
-            ("PLIMSOLL_METRICS_ADDR", "off"),
-            ("SANDBOX_RATE_PER_MIN", "0"),
-            ("SANDBOX_PER_KEY_CONCURRENT", "0"),
-            ("SANDBOX_MAX_CONCURRENT", "8"),
+        let own = [
             ("SANDBOX_MEMORY_MB", "1024"),
-            ("DOCKER_SBX_USERNAME", &r.username),
+            ("DOCKER_SBX_USERNAME", r.username.as_str()),
             ("DOCKER_SBX_TOKEN", &r.token),
             ("SANDBOX_DOCKERCLOUD_AUTH_URL", &r.auth_url),
             ("SANDBOX_DOCKERCLOUD_API_URL", &r.api_url),
             ("SANDBOX_DOCKERCLOUD_POLICY_URL", &r.policy_url),
             ("SANDBOX_DOCKERCLOUD_IMAGE", &r.images[0].reference),
-        ]
-        .iter()
-        .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
-        .collect();
-        for (k, v) in extra {
-            env.retain(|(name, _)| name != k);
-            env.push(((*k).to_owned(), (*v).to_owned()));
-        }
-        env
+        ];
+        sim::env("dockercloud", &own, extra)
     }
 
     pub fn daemon(&self, extra: &[(&str, &str)]) -> Daemon {
-        let env = self.env(extra);
-        let refs: Vec<(&str, &str)> = env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
-        Daemon::start_within(&refs, START_TIMEOUT)
+        sim::daemon(&self.env(extra), START_TIMEOUT)
     }
 
     /// Starts a daemon that must refuse to start; its stderr.
     pub fn refused(&self, extra: &[(&str, &str)]) -> String {
-        let env = self.env(extra);
-        let refs: Vec<(&str, &str)> = env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
-        let out = Daemon::refuse(&refs);
-        assert_ne!(out.code(), 0, "{}", out.stderr);
-        out.stderr
+        sim::refused(&self.env(extra))
     }
 
     /// Replaces the simulator's faults.
@@ -138,18 +119,7 @@ impl DockerCloudSim {
 
     /// Waits (at most `bound`) until `done` holds for the sandbox names.
     pub fn wait_for(&self, bound: Duration, what: &str, mut done: impl FnMut(&[String]) -> bool) {
-        let deadline = Instant::now() + bound;
-        loop {
-            let names = self.names();
-            if done(&names) {
-                return;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "{what}: not within {bound:?}: {names:?}"
-            );
-            std::thread::sleep(Duration::from_millis(200));
-        }
+        sim::wait_for(bound, what, || self.names(), |names| done(names));
     }
 }
 

@@ -5,13 +5,13 @@
 
 use std::io::{Read, Write};
 use std::net::TcpStream;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use e2b_simulator::process::{SimulatorProcess, binary};
 use serde_json::Value;
 
-use crate::Daemon;
 use crate::docker::runtime;
+use crate::{Daemon, sim};
 
 /// The startup proof makes a VM and runs its probe in it.
 pub const START_TIMEOUT: Duration = Duration::from_secs(180);
@@ -41,41 +41,22 @@ impl E2bSim {
 
     /// The daemon environment for this simulator, plus `extra` (which replaces).
     pub fn env(&self, extra: &[(&str, &str)]) -> Vec<(String, String)> {
-        let mut env: Vec<(String, String)> = [
-            ("SANDBOX_PROVIDER", "e2b"),
-            ("PLIMSOLL_INSECURE", "1"),
-            ("PLIMSOLL_METRICS_ADDR", "off"),
-            ("SANDBOX_RATE_PER_MIN", "0"),
-            ("SANDBOX_PER_KEY_CONCURRENT", "0"),
-            ("SANDBOX_MAX_CONCURRENT", "8"),
-            ("E2B_API_KEY", &self.sim.api_key),
+        let own = [
+            ("E2B_API_KEY", self.sim.api_key.as_str()),
             ("E2B_API_URL", &self.sim.api_url),
             ("E2B_SANDBOX_URL", &self.sim.envd_url),
             ("E2B_TEMPLATE", "base"),
-        ]
-        .iter()
-        .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
-        .collect();
-        for (k, v) in extra {
-            env.retain(|(name, _)| name != k);
-            env.push(((*k).to_owned(), (*v).to_owned()));
-        }
-        env
+        ];
+        sim::env("e2b", &own, extra)
     }
 
     pub fn daemon(&self, extra: &[(&str, &str)]) -> Daemon {
-        let env = self.env(extra);
-        let refs: Vec<(&str, &str)> = env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
-        Daemon::start_within(&refs, START_TIMEOUT)
+        sim::daemon(&self.env(extra), START_TIMEOUT)
     }
 
     /// Starts a daemon that must refuse to start; its stderr.
     pub fn refused(&self, extra: &[(&str, &str)]) -> String {
-        let env = self.env(extra);
-        let refs: Vec<(&str, &str)> = env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
-        let out = Daemon::refuse(&refs);
-        assert_ne!(out.code(), 0, "{}", out.stderr);
-        out.stderr
+        sim::refused(&self.env(extra))
     }
 
     /// The simulator's VMs (`[{sandboxID, container, state, processes}]`).
@@ -103,18 +84,7 @@ impl E2bSim {
 
     /// Waits (at most `bound`) until `done` holds for the VM ids.
     pub fn wait_for(&self, bound: Duration, what: &str, mut done: impl FnMut(&[String]) -> bool) {
-        let deadline = Instant::now() + bound;
-        loop {
-            let ids = self.ids();
-            if done(&ids) {
-                return;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "{what}: not within {bound:?}: {ids:?}"
-            );
-            std::thread::sleep(Duration::from_millis(200));
-        }
+        sim::wait_for(bound, what, || self.ids(), |ids| done(ids));
     }
 
     /// One call to E2B's control plane as a client (not the daemon) makes it: the status
@@ -154,5 +124,101 @@ impl E2bSim {
         );
         assert_eq!(status, 201, "{answer}");
         answer["sandboxID"].as_str().expect("sandboxID").to_owned()
+    }
+}
+
+/// A VM made straight through the simulator's API, as a plain client would: its id and
+/// its two envd tokens.
+pub struct DirectVm {
+    pub id: String,
+    access: String,
+    traffic: String,
+}
+
+impl E2bSim {
+    /// Creates a secure VM of template `base` with the daemon's deny-all network.
+    pub fn create_direct(&self) -> DirectVm {
+        let (status, answer) = self.api(
+            "POST",
+            "/v2/sandboxes",
+            Some(&serde_json::json!({
+                "templateID": "base",
+                "timeout": 60,
+                "autoPause": false,
+                "metadata": {"sdk": "bench"},
+                "network": {"allowPublicTraffic": false, "denyOut": ["0.0.0.0/0"]},
+            })),
+        );
+        assert_eq!(status, 201, "{answer}");
+        let text = |name: &str| answer[name].as_str().expect(name).to_owned();
+        DirectVm {
+            id: text("sandboxID"),
+            access: text("envdAccessToken"),
+            traffic: text("trafficAccessToken"),
+        }
+    }
+
+    /// Starts `cmd args` in `vm` through envd's `process.Process/Start` (Connect JSON server
+    /// stream) and reads it to its end frame; the exit code and stdout.
+    pub fn envd_start(&self, vm: &DirectVm, cmd: &str, args: &[&str]) -> (i64, String) {
+        use base64::Engine as _;
+        let message = serde_json::json!({
+            "process": {"cmd": cmd, "args": args, "envs": {}},
+            "stdin": false,
+        })
+        .to_string();
+        let mut body = vec![0u8];
+        body.extend_from_slice(&u32::try_from(message.len()).expect("len").to_be_bytes());
+        body.extend_from_slice(message.as_bytes());
+        let addr: std::net::SocketAddr = self
+            .sim
+            .envd_url
+            .trim_start_matches("http://")
+            .parse()
+            .expect("envd address");
+        let basic = base64::engine::general_purpose::STANDARD.encode("user:");
+        let req = crate::http1::Request::post("/process.Process/Start")
+            .header("Content-Type", "application/connect+json")
+            .header("Connect-Protocol-Version", "1")
+            .header("Connect-Timeout-Ms", "60000")
+            .header("X-Access-Token", &vm.access)
+            .header("E2b-Traffic-Access-Token", &vm.traffic)
+            .header("E2b-Sandbox-Id", &vm.id)
+            .header("E2b-Sandbox-Port", "49983")
+            .header("Authorization", &format!("Basic {basic}"))
+            .body(body);
+        let mut conn = crate::http1::Connection::open(addr);
+        conn.set_read_timeout(Duration::from_secs(60));
+        conn.send(&req.to_bytes(addr)).expect("send");
+        let resp = conn.read_response(false).expect("envd answer");
+        assert_eq!(resp.status, 200, "{resp}");
+        let (mut exit, mut stdout, mut ended) = (None, String::new(), false);
+        let mut rest = resp.body.as_slice();
+        while rest.len() >= 5 {
+            let len = u32::from_be_bytes([rest[1], rest[2], rest[3], rest[4]]) as usize;
+            let (flags, frame) = (rest[0], &rest[5..5 + len]);
+            rest = &rest[5 + len..];
+            if flags & 0x02 != 0 {
+                ended = true;
+                break;
+            }
+            let event: Value = serde_json::from_slice(frame).expect("event frame");
+            let event = &event["event"];
+            if let Some(out) = event["data"]["stdout"].as_str() {
+                let bytes = crate::connect::decode_base64(out).expect("base64 stdout");
+                stdout.push_str(&String::from_utf8_lossy(&bytes));
+            }
+            if event["end"].is_object() {
+                exit = Some(event["end"]["exitCode"].as_i64().unwrap_or(0));
+            }
+        }
+        assert!(ended, "no end frame: {resp}");
+        (exit.expect("an end event"), stdout)
+    }
+
+    /// Kills `vm` through the API.
+    pub fn kill_direct(&self, vm: &DirectVm) {
+        let (status, answer) = self.api("DELETE", &format!("/sandboxes/{}", vm.id), None);
+        assert_eq!(status, 204, "{answer}");
     }
 }

@@ -32,6 +32,8 @@
 //! - [`ClientsFile`] writes a caller registry for `PLIMSOLL_CLIENTS_FILE`.
 //! - [`test_api`] is an HTTPS API (test CA made at runtime) that records what the broker
 //!   forwards to it, for grant tests.
+//! - [`sim`] is what the suites of a daemon on a vendor's simulator share ([`e2b`],
+//!   [`dockercloud`], [`openshell`]).
 //! - [`wasm`] starts `plimsolld` with the wasm provider, compiling the guest once first.
 #![forbid(unsafe_code)]
 // A test harness fails by panicking, with the evidence in the message.
@@ -46,6 +48,7 @@ pub mod h2c;
 pub mod http1;
 pub mod openshell;
 pub mod protobuf;
+pub mod sim;
 pub mod test_api;
 pub mod wasm;
 

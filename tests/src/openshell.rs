@@ -3,14 +3,14 @@
 //! and `plimsolld` with `SANDBOX_PROVIDER=openshell` and the five settings pointing at it
 //! (the image: [`crate::docker::project_image`], which carries the runner and the relay).
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use openshell_simulator::Faults;
 use openshell_simulator::launch::{LaunchOptions, Simulator};
 use serde_json::Value;
 
-use crate::Daemon;
 use crate::docker::{project_image, runtime};
+use crate::{Daemon, sim};
 
 /// The startup proof makes sandboxes and runs its checks in them: longer than docker's.
 pub const START_TIMEOUT: Duration = Duration::from_secs(180);
@@ -86,33 +86,21 @@ impl Gateway {
     /// The daemon environment for this gateway, plus `extra`.
     pub fn env(&self, extra: &[(&str, &str)]) -> Vec<(String, String)> {
         let pki = &self.sim.ready.pki;
-        let mut env: Vec<(String, String)> = [
-            ("SANDBOX_PROVIDER", "openshell"),
-            ("PLIMSOLL_INSECURE", "1"),
-            ("PLIMSOLL_METRICS_ADDR", "off"),
-            ("SANDBOX_RATE_PER_MIN", "0"),
-            ("SANDBOX_PER_KEY_CONCURRENT", "0"),
-            ("SANDBOX_MAX_CONCURRENT", "8"),
-            ("SANDBOX_OPENSHELL_GATEWAY_URL", &self.sim.ready.grpc_url),
+        let own = [
+            (
+                "SANDBOX_OPENSHELL_GATEWAY_URL",
+                self.sim.ready.grpc_url.as_str(),
+            ),
             ("SANDBOX_OPENSHELL_CA_FILE", path(&pki.ca_file)),
             ("SANDBOX_OPENSHELL_CERT_FILE", path(&pki.cert_file)),
             ("SANDBOX_OPENSHELL_KEY_FILE", path(&pki.key_file)),
             ("SANDBOX_OPENSHELL_IMAGE", project_image()),
-        ]
-        .iter()
-        .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
-        .collect();
-        for (k, v) in extra {
-            env.retain(|(name, _)| name != k);
-            env.push(((*k).to_owned(), (*v).to_owned()));
-        }
-        env
+        ];
+        sim::env("openshell", &own, extra)
     }
 
     pub fn daemon(&self, extra: &[(&str, &str)]) -> Daemon {
-        let env = self.env(extra);
-        let refs: Vec<(&str, &str)> = env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
-        Daemon::start_within(&refs, START_TIMEOUT)
+        sim::daemon(&self.env(extra), START_TIMEOUT)
     }
 
     /// A daemon with sessions on (`extra` names `SANDBOX_MAX_SESSIONS`), where the
@@ -132,27 +120,17 @@ impl Gateway {
     }
 
     pub fn refused(&self, extra: &[(&str, &str)]) -> String {
-        let env = self.env(extra);
-        let refs: Vec<(&str, &str)> = env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
-        let out = Daemon::refuse(&refs);
-        assert_ne!(out.code(), 0, "{}", out.stderr);
-        out.stderr
+        sim::refused(&self.env(extra))
     }
 
     /// Waits (at most `bound`) until the gateway holds no sandbox at all.
     pub fn wait_empty(&self, bound: Duration) {
-        let deadline = Instant::now() + bound;
-        loop {
-            let left = self.sandboxes();
-            if left.is_empty() {
-                return;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "sandboxes left after {bound:?}: {left:?}"
-            );
-            std::thread::sleep(Duration::from_millis(200));
-        }
+        sim::wait_for(
+            bound,
+            "no sandbox left",
+            || self.sandboxes(),
+            |left| left.is_empty(),
+        );
     }
 }
 

@@ -8,19 +8,17 @@
 // A test fails by panicking, with the evidence in the message.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use std::net::SocketAddr;
 use std::time::Duration;
 
 use dockercloud_simulator::{Faults, StuckOperation};
-use plimsoll::record;
-use plimsoll::wire::{RunRequest, RunResponse};
 use plimsoll_tests::Daemon;
-use plimsoll_tests::connect::{self, ConnectError};
+use plimsoll_tests::connect;
 use plimsoll_tests::dockercloud::{DockerCloudSim, dockercloud_ready};
-use plimsoll_tests::http1::{Connection, Request, Response};
+use plimsoll_tests::sim::{self, field, refused_run, send, snippet};
 use serde_json::{Value, json};
 
-const ANSWER_TIMEOUT: Duration = Duration::from_secs(120);
+#[path = "support/verified.rs"]
+mod verified;
 
 macro_rules! require_dockercloud {
     () => {
@@ -33,50 +31,14 @@ macro_rules! require_dockercloud {
 #[path = "dockercloud/paid.rs"]
 mod paid;
 
-fn send(addr: SocketAddr, req: &Request) -> Response {
-    let mut conn = Connection::open(addr);
-    conn.set_read_timeout(ANSWER_TIMEOUT);
-    conn.send(&req.to_bytes(addr)).expect("send");
-    conn.read_response(false).expect("answer")
-}
-
-fn field(v: &Value, name: &str) -> String {
-    v[name]
-        .as_str()
-        .map(|b| String::from_utf8_lossy(&connect::decode_base64(b).expect("base64")).into_owned())
-        .unwrap_or_default()
-}
-
 /// Runs `body`, expects an answer at tier `vm`, and verifies its record as a client does.
 fn answered(d: &Daemon, body: &Value) -> Value {
-    let resp = send(d.addr, &connect::call("Run", body));
-    assert_eq!(resp.status, 200, "{body}: {resp}");
-    let v = resp.json();
-    let req: RunRequest = serde_json::from_value(body.clone()).expect("request as wire");
-    let answer: RunResponse = serde_json::from_value(v.clone()).expect("answer as wire");
-    record::check_single(&record::request_digest(&req), None, &answer)
-        .unwrap_or_else(|e| panic!("record does not verify ({e}): {v}"));
-    assert_eq!(v["isolation"], "vm", "{v}");
-    v
-}
-
-fn snippet(code: &str, timeout_ms: u32) -> Value {
-    json!({ "protocol": connect::PROTOCOL, "timeoutMs": timeout_ms, "javascript": { "code": code } })
-}
-
-fn refused_run(d: &Daemon, body: &Value) -> ConnectError {
-    let resp = send(d.addr, &connect::call("Run", body));
-    assert_ne!(resp.status, 200, "{body} must be refused: {resp}");
-    ConnectError::of(&resp)
+    verified::answered_at(d, body, "vm")
 }
 
 /// The instance id the daemon logged when its proof passed.
 fn instance_of(d: &Daemon) -> String {
-    d.log_records()
-        .iter()
-        .find(|r| r["msg"] == "dockercloud provider proven")
-        .and_then(|r| r["instance"].as_str().map(str::to_owned))
-        .unwrap_or_else(|| panic!("no proven line in:\n{}", d.logs().join("\n")))
+    sim::proven_instance(d, "dockercloud")
 }
 
 /// The tier, `Describe`, snippets (output, exit, a fresh sandbox each run, the deadline, an

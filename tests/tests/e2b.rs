@@ -10,18 +10,16 @@
 // A test fails by panicking, with the evidence in the message.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
-use plimsoll::record;
-use plimsoll::wire::{RunRequest, RunResponse};
 use plimsoll_tests::Daemon;
-use plimsoll_tests::connect::{self, ConnectError};
+use plimsoll_tests::connect;
 use plimsoll_tests::e2b::{E2bSim, e2b_ready};
-use plimsoll_tests::http1::{Connection, Request, Response};
+use plimsoll_tests::sim::{self, field, refused_run, send, snippet};
 use serde_json::{Value, json};
 
-const ANSWER_TIMEOUT: Duration = Duration::from_secs(120);
+#[path = "support/verified.rs"]
+mod verified;
 
 macro_rules! require_e2b {
     () => {
@@ -31,6 +29,8 @@ macro_rules! require_e2b {
     };
 }
 
+#[path = "e2b/bench.rs"]
+mod bench;
 #[path = "e2b/session.rs"]
 mod session;
 
@@ -39,50 +39,14 @@ mod paid;
 
 // === calls ===
 
-fn send(addr: SocketAddr, req: &Request) -> Response {
-    let mut conn = Connection::open(addr);
-    conn.set_read_timeout(ANSWER_TIMEOUT);
-    conn.send(&req.to_bytes(addr)).expect("send");
-    conn.read_response(false).expect("answer")
-}
-
-fn field(v: &Value, name: &str) -> String {
-    v[name]
-        .as_str()
-        .map(|b| String::from_utf8_lossy(&connect::decode_base64(b).expect("base64")).into_owned())
-        .unwrap_or_default()
-}
-
 /// Runs `body`, expects an answer at tier `vm`, and verifies its record as a client does.
 fn answered(d: &Daemon, body: &Value) -> Value {
-    let resp = send(d.addr, &connect::call("Run", body));
-    assert_eq!(resp.status, 200, "{body}: {resp}");
-    let v = resp.json();
-    let req: RunRequest = serde_json::from_value(body.clone()).expect("request as wire");
-    let answer: RunResponse = serde_json::from_value(v.clone()).expect("answer as wire");
-    record::check_single(&record::request_digest(&req), None, &answer)
-        .unwrap_or_else(|e| panic!("record does not verify ({e}): {v}"));
-    assert_eq!(v["isolation"], "vm", "{v}");
-    v
-}
-
-fn snippet(code: &str, timeout_ms: u32) -> Value {
-    json!({ "protocol": connect::PROTOCOL, "timeoutMs": timeout_ms, "javascript": { "code": code } })
-}
-
-fn refused_run(d: &Daemon, body: &Value) -> ConnectError {
-    let resp = send(d.addr, &connect::call("Run", body));
-    assert_ne!(resp.status, 200, "{body} must be refused: {resp}");
-    ConnectError::of(&resp)
+    verified::answered_at(d, body, "vm")
 }
 
 /// The instance stamp the daemon logged when its proof passed.
 fn instance_of(d: &Daemon) -> String {
-    d.log_records()
-        .iter()
-        .find(|r| r["msg"] == "e2b provider proven")
-        .and_then(|r| r["instance"].as_str().map(str::to_owned))
-        .unwrap_or_else(|| panic!("no proven line in:\n{}", d.logs().join("\n")))
+    sim::proven_instance(d, "e2b")
 }
 
 // === tests ===
@@ -135,6 +99,23 @@ fn snippets_and_projects_run_in_fresh_vms_at_tier_vm() {
     // A non-zero exit is a result.
     let v = answered(&d, &snippet("process.exit(3)", 20_000));
     assert_eq!(v["javascript"]["exitCode"], 3, "{v}");
+
+    // Small code travels with the process start, large code is uploaded first: either way
+    // node runs the same file holding exactly the code (quotes, `$`, backslashes and all),
+    // with the same argv and no trace in its environment.
+    let probe = "// '\"$HOME\\n`x`\nconst f = require('fs').readFileSync(__filename, 'utf8'); console.log(__filename, process.argv.slice(1).join(' '), 'PLIMSOLL_SNIPPET' in process.env, f.length)";
+    for pad in [0, 100_000] {
+        let code = format!("{probe}\n//{}", "x".repeat(pad));
+        let v = answered(&d, &snippet(&code, 20_000));
+        assert_eq!(
+            field(&v["javascript"], "stdout"),
+            format!(
+                "/tmp/plimsoll-snippet.cjs /tmp/plimsoll-snippet.cjs false {}\n",
+                code.len()
+            ),
+            "{v}"
+        );
+    }
 
     // The deadline: envd's Connect-Timeout-Ms ends it and the answer says so.
     let started = Instant::now();

@@ -10,20 +10,20 @@
 // A test fails by panicking, with the evidence in the message.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
 use openshell_simulator::{ConfigFault, Faults, GatewayInfoError, ReadbackFault};
-use plimsoll::record;
-use plimsoll::wire::{RunRequest, RunResponse};
 use plimsoll_tests::Daemon;
-use plimsoll_tests::connect::{self, ConnectError};
+use plimsoll_tests::connect;
+use plimsoll_tests::connect::ConnectError;
 use plimsoll_tests::docker::docker_ready;
-use plimsoll_tests::http1::{Connection, Request, Response};
+use plimsoll_tests::http1::{Connection, Request};
 use plimsoll_tests::openshell::Gateway;
+use plimsoll_tests::sim::{field, refused_run, send, snippet};
 use serde_json::{Value, json};
 
-const ANSWER_TIMEOUT: Duration = Duration::from_secs(120);
+#[path = "support/verified.rs"]
+mod verified;
 
 macro_rules! require_docker {
     () => {
@@ -35,42 +35,10 @@ macro_rules! require_docker {
 
 // === calls ===
 
-fn send(addr: SocketAddr, req: &Request) -> Response {
-    let mut conn = Connection::open(addr);
-    conn.set_read_timeout(ANSWER_TIMEOUT);
-    conn.send(&req.to_bytes(addr)).expect("send");
-    conn.read_response(false).expect("answer")
-}
-
-fn field(v: &Value, name: &str) -> String {
-    v[name]
-        .as_str()
-        .map(|b| String::from_utf8_lossy(&connect::decode_base64(b).expect("base64")).into_owned())
-        .unwrap_or_default()
-}
-
-/// Runs `body`, expects an answer, and verifies its record the way a client does.
+/// Runs `body`, expects an answer at tier `container`, and verifies its record the way a
+/// client does.
 fn answered(d: &Daemon, body: &Value) -> Value {
-    let resp = send(d.addr, &connect::call("Run", body));
-    assert_eq!(resp.status, 200, "{body}: {resp}");
-    let v = resp.json();
-    let req: RunRequest = serde_json::from_value(body.clone()).expect("request as wire");
-    let answer: RunResponse = serde_json::from_value(v.clone()).expect("answer as wire");
-    record::check_single(&record::request_digest(&req), None, &answer)
-        .unwrap_or_else(|e| panic!("record does not verify ({e}): {v}"));
-    assert_eq!(v["isolation"], "container", "{v}");
-    v
-}
-
-fn snippet(code: &str, timeout_ms: u32) -> Value {
-    json!({ "protocol": connect::PROTOCOL, "timeoutMs": timeout_ms, "javascript": { "code": code } })
-}
-
-/// A run that must be refused before any code ran: its error.
-fn refused_run(d: &Daemon, body: &Value) -> ConnectError {
-    let resp = send(d.addr, &connect::call("Run", body));
-    assert_ne!(resp.status, 200, "{body} must be refused: {resp}");
-    ConnectError::of(&resp)
+    verified::answered_at(d, body, "container")
 }
 
 // === tests ===

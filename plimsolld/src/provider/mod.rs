@@ -27,6 +27,8 @@ pub mod dockercloud;
 pub mod e2b;
 #[cfg(feature = "openshell")]
 pub mod openshell;
+#[cfg(any(feature = "e2b", feature = "dockercloud"))]
+pub mod remote;
 pub mod session;
 #[cfg(any(feature = "e2b", feature = "openshell", feature = "dockercloud"))]
 pub mod tracked;

@@ -23,24 +23,25 @@ mod runs;
 mod sandbox;
 mod smoke;
 
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, RwLock};
+use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
 use plimsoll::refusal::Refusal;
 use plimsoll::tier::IsolationTier;
 
+use super::remote::{self, Guard, Proof};
 use super::{
-    Description, Environment, Hold, ProjectPlan, ProjectReport, Provider, ProviderError, Resources,
+    Description, Hold, ProjectPlan, ProjectReport, Provider, ProviderError, Resources,
     SnippetOutcome, SnippetRun, TierEvidence,
 };
 use crate::admission::paid::PaidDay;
 use crate::config::Config;
+use crate::config::env::ENV_DOCKERCLOUD_GUARD_URL;
 use crate::grant::host_client::{self, TokenPlacement};
 use crate::grant::{Delivery, GuestGrant};
-use crate::provider::docker::project::{DEFAULT_TIMEOUT, MAX_TIMEOUT};
-use crate::provider::docker::settings::{SNIPPET_DEFAULT_TIMEOUT, SNIPPET_MAX_TIMEOUT};
+use crate::provider::docker::project::MAX_TIMEOUT;
+use crate::provider::docker::settings::SNIPPET_MAX_TIMEOUT;
 use crate::provider::e2b::http::{Client, tls_config};
 use config::{DockerCloudConfig, Transport};
 use sandbox::{Fleet, Image, SandboxError};
@@ -90,20 +91,13 @@ impl From<DockerCloudError> for ProviderError {
     }
 }
 
-/// Where granted sandboxes reach the guard.
-struct Guard {
-    host: String,
-    url: String,
-}
-
 /// The dockercloud provider.
 pub struct DockerCloud {
     guard: Option<Guard>,
     paid: Arc<PaidDay>,
     fleet: Arc<Fleet>,
     sized: bool,
-    proven: RwLock<Option<smoke::Proven>>,
-    ready: AtomicBool,
+    proof: Proof,
     resources: Resources,
     environment: String,
 }
@@ -134,10 +128,10 @@ impl DockerCloud {
                 format!("dockercloud-store-image:{}", settings.store_image),
             )
         };
-        let guard = settings.guard_url.as_ref().map(|g| Guard {
-            host: g.server_name().to_owned(),
-            url: format!("https://{}{}", g.server_name(), ::guard::DOCKERCLOUD_PATH),
-        });
+        let guard = settings
+            .guard_url
+            .as_ref()
+            .map(|g| Guard::at(g, ::guard::DOCKERCLOUD_PATH));
         let memory_mib = match config.resources.memory_mb {
             0 => MICRO_MEMORY_MIB,
             mb => u64::from(mb),
@@ -171,8 +165,7 @@ impl DockerCloud {
             paid: Arc::new(PaidDay::new(config.limits.paid_seconds_per_day)),
             sized: settings.store_image.is_empty(),
             fleet: Arc::new(fleet),
-            proven: RwLock::new(None),
-            ready: AtomicBool::new(false),
+            proof: Proof::new(ID),
             resources: config.resources,
             environment,
         })
@@ -180,13 +173,6 @@ impl DockerCloud {
 
     fn max_timeout(&self, max: Duration) -> Duration {
         capped(self.fleet.transport, max)
-    }
-
-    fn proven(&self) -> Option<smoke::Proven> {
-        self.proven
-            .read()
-            .unwrap_or_else(|e| e.into_inner())
-            .clone()
     }
 
     fn evidence(&self) -> TierEvidence {
@@ -203,15 +189,6 @@ impl DockerCloud {
         }
     }
 
-    fn refuse_unproven(&self) -> Result<(), ProviderError> {
-        if self.ready.load(Ordering::Acquire) {
-            return Ok(());
-        }
-        Err(ProviderError::Refused(Refusal::Environment(
-            "the dockercloud provider has not passed its startup proof; nothing ran".to_owned(),
-        )))
-    }
-
     /// A granted run's guard host and client library (carrying the run's token), or a
     /// refusal when the grant did not come as a guard token or no guard is configured.
     fn granted<'a>(
@@ -220,10 +197,7 @@ impl DockerCloud {
     ) -> Result<Option<(&'a str, String)>, ProviderError> {
         let Some(grant) = grant else { return Ok(None) };
         let (Some(guard), Some(_)) = (&self.guard, grant.access.guard_token()) else {
-            return Err(ProviderError::Refused(Refusal::Unsupported(
-                "the dockercloud provider reaches grants only through the guard (SANDBOX_DOCKERCLOUD_GUARD_URL); nothing ran"
-                    .to_owned(),
-            )));
+            return Err(remote::no_guard(ID, ENV_DOCKERCLOUD_GUARD_URL));
         };
         let library = host_client::node_guard(grant, &guard.url, TokenPlacement::Guest);
         Ok(Some((&guard.host, library)))
@@ -324,10 +298,6 @@ fn capped(transport: Transport, max: Duration) -> Duration {
     }
 }
 
-fn duration_ms(d: Duration) -> u32 {
-    u32::try_from(d.as_millis()).unwrap_or(u32::MAX)
-}
-
 #[async_trait]
 impl Provider for DockerCloud {
     /// Configuration only: Docker's service is not called here.
@@ -348,51 +318,25 @@ impl Provider for DockerCloud {
             instance = %self.fleet.instance,
             "dockercloud provider proven"
         );
-        *self.proven.write().unwrap_or_else(|e| e.into_inner()) = Some(proven);
-        self.ready.store(true, Ordering::Release);
+        self.proof.passed(proven);
         Ok(self.evidence())
     }
 
     /// Configured and proven: nothing is asked of Docker's service.
     async fn ready(&self) -> Result<(), String> {
-        if self.ready.load(Ordering::Acquire) {
-            Ok(())
-        } else {
-            Err("the dockercloud startup proof has not passed".to_owned())
-        }
+        self.proof.ready()
     }
 
     fn current_tier(&self) -> IsolationTier {
-        if self.ready.load(Ordering::Acquire) {
-            IsolationTier::Vm
-        } else {
-            IsolationTier::None
-        }
+        self.proof.tier()
     }
 
     fn describe(&self) -> Description {
-        let proven = self.proven().unwrap_or_default();
-        let environment = |default: Duration, max: Duration, languages: Vec<String>| Environment {
-            identity: self.environment.clone(),
-            default_timeout_ms: duration_ms(default.min(self.max_timeout(max))),
-            max_timeout_ms: duration_ms(self.max_timeout(max)),
-            software_identity: String::new(),
-            languages,
-        };
-        Description {
-            sandbox: ID,
-            supports_project: true,
-            supports_javascript_grants: self.guard.is_some(),
-            supports_project_grants: self.guard.is_some(),
-            javascript: environment(
-                SNIPPET_DEFAULT_TIMEOUT,
-                SNIPPET_MAX_TIMEOUT,
-                vec!["javascript".to_owned()],
-            ),
-            project: environment(DEFAULT_TIMEOUT, MAX_TIMEOUT, proven.languages),
-            resources: self.resources,
-            ..Description::default()
-        }
+        let guarded = self.guard.is_some();
+        self.proof
+            .describe(&self.environment, guarded, false, self.resources, |max| {
+                self.max_timeout(max)
+            })
     }
 
     fn grant_delivery(&self) -> Delivery {
@@ -404,17 +348,17 @@ impl Provider for DockerCloud {
     }
 
     async fn run_snippet(&self, run: SnippetRun) -> Result<SnippetOutcome, ProviderError> {
-        self.refuse_unproven()?;
+        self.proof.refuse_unproven()?;
         self.snippet(run).await
     }
 
     async fn run_project(&self, plan: ProjectPlan) -> Result<ProjectReport, ProviderError> {
-        self.refuse_unproven()?;
+        self.proof.refuse_unproven()?;
         self.project(plan).await
     }
 
     async fn sweep_orphans(&self) {
-        if !self.ready.load(Ordering::Acquire) {
+        if !self.proof.is_ready() {
             return;
         }
         match tokio::time::timeout(SWEEP_BOUND, self.sweep()).await {

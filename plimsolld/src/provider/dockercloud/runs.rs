@@ -10,13 +10,14 @@
 use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
 
-use plimsoll::wire::{Artifact, ProjectOutcome, ProjectResult, StepResult};
+use plimsoll::wire::{ProjectOutcome, ProjectResult, StepResult};
 
 use super::api::ApiError;
 use super::endpoint::{EXIT_FLOOD, Exec, wrapped};
 use super::sandbox::Sandbox;
 use crate::provider::ProjectPlan;
 use crate::provider::docker::settings::OUTPUT_CAP;
+use crate::provider::remote::{self, Read, outcome};
 
 /// The snippet's file.
 pub const SNIPPET_FILE: &str = "/tmp/plimsoll-snippet.cjs";
@@ -24,8 +25,6 @@ pub const SNIPPET_FILE: &str = "/tmp/plimsoll-snippet.cjs";
 pub const PROJECT_DIR: &str = "/tmp/plimsoll-project";
 /// A granted project's client module, loaded by every node a step starts.
 pub const HOST_LIBRARY: &str = "/tmp/plimsoll-dockercloud-host.mjs";
-/// The whole of a project's artifacts (the artifact budget).
-const ARTIFACTS_CAP: usize = 8 << 20;
 /// What the in-guest limit leaves of the budget for the call around it.
 const GUEST_MARGIN: Duration = Duration::from_secs(2);
 /// The exit of a run its deadline ended, as the answer states it.
@@ -249,62 +248,28 @@ pub async fn project(
         }
     }
     if timed_out {
-        let mut result = outcome(
-            ProjectOutcome::PROJECT_OUTCOME_TIMED_OUT,
-            "the run exceeded its time budget".to_owned(),
-        );
-        result.steps = steps;
-        return Ok(result);
+        return Ok(remote::timed_out(steps));
     }
-    let (artifacts, artifacts_truncated) = artifacts(sandbox, &plan.artifacts).await;
-    Ok(ProjectResult {
-        outcome: ProjectOutcome::PROJECT_OUTCOME_COMPLETED.into(),
-        steps,
-        artifacts,
-        artifacts_truncated,
-        ..ProjectResult::default()
-    })
-}
-
-/// The asked artifacts that exist, within the artifact budget.
-async fn artifacts(sandbox: &Sandbox, asked: &[String]) -> (Vec<Artifact>, bool) {
-    let mut found = Vec::new();
-    let mut left = ARTIFACTS_CAP;
-    let mut truncated = false;
-    let Ok(bearer) = sandbox.bearer().await else {
-        return (found, !asked.is_empty());
-    };
-    for path in asked {
-        match sandbox
-            .endpoint
-            .download(&bearer, &format!("{PROJECT_DIR}/{path}"), left + 1)
+    let found = match sandbox.bearer().await {
+        Ok(bearer) => {
+            let bearer = &bearer;
+            remote::artifacts(
+                sandbox.id(),
+                PROJECT_DIR,
+                &plan.artifacts,
+                |path, limit| async move {
+                    match sandbox.endpoint.download(bearer, &path, limit).await {
+                        Ok(Some(content)) => Read::Content(content),
+                        Ok(None) => Read::Absent,
+                        Err(e) => Read::Failed(e.to_string()),
+                    }
+                },
+            )
             .await
-        {
-            Ok(Some(content)) if content.len() <= left => {
-                left -= content.len();
-                found.push(Artifact {
-                    path: path.clone(),
-                    content,
-                    ..Default::default()
-                });
-            }
-            Ok(Some(_)) => truncated = true,
-            Ok(None) => {}
-            Err(e) => {
-                tracing::warn!(sandbox = %sandbox.id(), error = %e, "dockercloud: an artifact could not be read");
-                truncated = true;
-            }
         }
-    }
-    (found, truncated)
-}
-
-fn outcome(outcome: ProjectOutcome, detail: String) -> ProjectResult {
-    ProjectResult {
-        outcome: outcome.into(),
-        outcome_detail: detail,
-        ..ProjectResult::default()
-    }
+        Err(_) => (Vec::new(), !plan.artifacts.is_empty()),
+    };
+    Ok(remote::completed(steps, found))
 }
 
 #[cfg(test)]

@@ -8,7 +8,6 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use serde::Deserialize;
 use serde_json::json;
 
 use super::api::ApiError;
@@ -16,14 +15,10 @@ use super::runs::{self, PROJECT_DIR};
 use super::sandbox::{Fleet, SandboxError};
 use crate::provider::Hold;
 use crate::provider::docker::settings::OUTPUT_CAP;
+use crate::provider::remote::{self, Check, PROBE, PROBE_FILE, Proven, STEP, STEP_FILE};
 
 /// The whole proof's bound.
 pub const LIMIT: Duration = Duration::from_secs(120);
-/// The e2b provider's probe: node's version, its cwd, python3's presence, egress attempts.
-const PROBE: &str = include_str!("../e2b/smoke_probe.cjs");
-const PROBE_FILE: &str = "/tmp/plimsoll-smoke-probe.cjs";
-const STEP_FILE: &str = "/tmp/plimsoll-smoke-step.sh";
-const STEP: &str = "if command -v python3 >/dev/null 2>&1; then py=1; else py=0; fi\nexec node /tmp/plimsoll-smoke-probe.cjs \"$py\"\n";
 /// What the account must be allowed (when it reports permissions at all).
 const PERMISSIONS: [&str; 4] = [
     "PERMISSION_SANDBOXES_READ",
@@ -39,8 +34,8 @@ pub enum SmokeError {
     Sandbox(#[from] SandboxError),
     #[error(transparent)]
     Api(#[from] ApiError),
-    #[error("startup proof check {check:?} failed: {detail}")]
-    Check { check: &'static str, detail: String },
+    #[error(transparent)]
+    Check(#[from] Check),
     #[error("the startup proof did not finish within {LIMIT:?}")]
     Timeout,
 }
@@ -54,25 +49,7 @@ impl From<runs::RunError> for SmokeError {
 }
 
 fn check(check: &'static str, detail: impl Into<String>) -> SmokeError {
-    SmokeError::Check {
-        check,
-        detail: detail.into(),
-    }
-}
-
-#[derive(Deserialize)]
-struct Report {
-    node: String,
-    cwd: String,
-    python: bool,
-    egress: std::collections::BTreeMap<String, String>,
-}
-
-/// What the proof found.
-#[derive(Debug, Clone, Default)]
-pub struct Proven {
-    pub languages: Vec<String>,
-    pub node: String,
+    SmokeError::Check(remote::check(check, detail))
 }
 
 /// Runs the proof.
@@ -178,20 +155,7 @@ async fn run(fleet: &Arc<Fleet>, with_resources: bool) -> Result<Proven, SmokeEr
             ));
         }
     }
-    let report: Report = serde_json::from_slice(&probe.stdout)
-        .map_err(|e| check("probe", format!("its report could not be read: {e}")))?;
-    if report.cwd != PROJECT_DIR {
-        return Err(check(
-            "cwd",
-            format!("the step ran in {:?}, not {PROJECT_DIR}", report.cwd),
-        ));
-    }
-    if report.egress.len() != 2 || report.egress.values().any(|v| v != "blocked") {
-        return Err(check(
-            "egress",
-            format!("a sandbox reached the outside world: {:?}", report.egress),
-        ));
-    }
+    let proven = remote::judge(&probe.stdout, PROJECT_DIR)?;
     // The wrapper's timeout really kills (3 s left = a 1 s limit in the guest).
     let slept = runs::run(&sandbox, &["sleep", "30"], "/tmp", Duration::from_secs(3)).await?;
     if !slept.timed_out || slept.duration >= Duration::from_secs(15) {
@@ -216,13 +180,6 @@ async fn run(fleet: &Arc<Fleet>, with_resources: bool) -> Result<Proven, SmokeEr
             ),
         ));
     }
-    let mut languages = vec!["javascript".to_owned()];
-    if report.python {
-        languages.push("python".to_owned());
-    }
     drop(sandbox);
-    Ok(Proven {
-        languages,
-        node: report.node,
-    })
+    Ok(proven)
 }

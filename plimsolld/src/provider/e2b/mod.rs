@@ -25,24 +25,25 @@ mod sandbox;
 mod session;
 mod smoke;
 
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, RwLock};
+use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
 use plimsoll::refusal::Refusal;
 use plimsoll::tier::IsolationTier;
 
+use super::remote::{self, Guard, Proof};
 use super::{
-    Description, Environment, Hold, ProjectPlan, ProjectReport, Provider, ProviderError, Resources,
+    Description, Hold, ProjectPlan, ProjectReport, Provider, ProviderError, Resources,
     SnippetOutcome, SnippetRun, TierEvidence,
 };
 use crate::admission::paid::PaidDay;
 use crate::config::Config;
+use crate::config::env::ENV_E2B_GUARD_URL;
 use crate::grant::host_client::{self, TokenPlacement};
 use crate::grant::{Delivery, GuestGrant};
-use crate::provider::docker::project::{DEFAULT_TIMEOUT, MAX_TIMEOUT};
-use crate::provider::docker::settings::{SNIPPET_DEFAULT_TIMEOUT, SNIPPET_MAX_TIMEOUT};
+use crate::provider::docker::project::MAX_TIMEOUT;
+use crate::provider::docker::settings::SNIPPET_MAX_TIMEOUT;
 use crate::provider::tracked::Tracked;
 use config::{E2bConfig, EnvdRoute, SessionGrants};
 use sandbox::{Fleet, GuardRule, SandboxError};
@@ -88,15 +89,6 @@ impl From<E2bError> for ProviderError {
     }
 }
 
-/// Where granted VMs reach the guard.
-#[derive(Clone)]
-struct Guard {
-    /// The guard URL's host name (the VM's one allowed destination).
-    host: String,
-    /// The guard path's URL the client library posts to.
-    url: String,
-}
-
 /// The e2b provider.
 pub struct E2b {
     guard: Option<Guard>,
@@ -105,8 +97,7 @@ pub struct E2b {
     /// The daemon-wide paid day: admission reserves runs against it; the proofs charge it.
     paid: Arc<PaidDay>,
     fleet: Arc<Fleet>,
-    proven: RwLock<Option<smoke::Proven>>,
-    ready: AtomicBool,
+    proof: Proof,
     resources: Resources,
     environment: String,
 }
@@ -127,10 +118,10 @@ impl E2b {
             &settings.api_key,
         )
         .map_err(|e| E2bError::Client(e.to_string()))?;
-        let guard = settings.guard_url.as_ref().map(|g| Guard {
-            host: g.server_name().to_owned(),
-            url: format!("https://{}{}", g.server_name(), ::guard::E2B_PATH),
-        });
+        let guard = settings
+            .guard_url
+            .as_ref()
+            .map(|g| Guard::at(g, ::guard::E2B_PATH));
         Ok(E2b {
             guard,
             session_grants: settings.session_grants,
@@ -144,18 +135,10 @@ impl E2b {
                 resources: config.resources,
                 leases: Tracked::default(),
             }),
-            proven: RwLock::new(None),
-            ready: AtomicBool::new(false),
+            proof: Proof::new(ID),
             resources: config.resources,
             environment: format!("e2b-template:{}", settings.template),
         })
-    }
-
-    fn proven(&self) -> Option<smoke::Proven> {
-        self.proven
-            .read()
-            .unwrap_or_else(|e| e.into_inner())
-            .clone()
     }
 
     fn evidence(&self) -> TierEvidence {
@@ -167,15 +150,6 @@ impl E2b {
                 self.fleet.api.origin()
             ),
         }
-    }
-
-    fn refuse_unproven(&self) -> Result<(), ProviderError> {
-        if self.ready.load(Ordering::Acquire) {
-            return Ok(());
-        }
-        Err(ProviderError::Refused(Refusal::Environment(
-            "the e2b provider has not passed its startup proof; nothing ran".to_owned(),
-        )))
     }
 
     async fn sweep(&self) {
@@ -198,10 +172,7 @@ impl E2b {
     ) -> Result<Option<(GuardRule<'a>, String)>, ProviderError> {
         let Some(grant) = grant else { return Ok(None) };
         let (Some(guard), Some(token)) = (&self.guard, grant.access.guard_token()) else {
-            return Err(ProviderError::Refused(Refusal::Unsupported(
-                "the e2b provider reaches grants only through the guard (E2B_GUARD_URL); nothing ran"
-                    .to_owned(),
-            )));
+            return Err(remote::no_guard(ID, ENV_E2B_GUARD_URL));
         };
         let library = host_client::node_guard(grant, &guard.url, TokenPlacement::Proxy);
         Ok(Some((
@@ -282,10 +253,6 @@ impl E2b {
     }
 }
 
-fn duration_ms(d: Duration) -> u32 {
-    u32::try_from(d.as_millis()).unwrap_or(u32::MAX)
-}
-
 #[async_trait]
 impl Provider for E2b {
     /// Configuration only (grants.md §6.6): E2B is never called here.
@@ -311,55 +278,25 @@ impl Provider for E2b {
             instance = %self.fleet.instance,
             "e2b provider proven"
         );
-        *self.proven.write().unwrap_or_else(|e| e.into_inner()) = Some(proven);
-        self.ready.store(true, Ordering::Release);
+        self.proof.passed(proven);
         Ok(self.evidence())
     }
 
     /// Configured and proven: nothing is asked of E2B (grants.md §6.6).
     async fn ready(&self) -> Result<(), String> {
-        if self.ready.load(Ordering::Acquire) {
-            Ok(())
-        } else {
-            Err("the e2b startup proof has not passed".to_owned())
-        }
+        self.proof.ready()
     }
 
     fn current_tier(&self) -> IsolationTier {
-        if self.ready.load(Ordering::Acquire) {
-            IsolationTier::Vm
-        } else {
-            IsolationTier::None
-        }
+        self.proof.tier()
     }
 
+    /// Snippets and projects; grants reach the broker through the guard, the token added by
+    /// E2B's egress proxy. Session calls are snippets and projects in one VM.
     fn describe(&self) -> Description {
-        let proven = self.proven().unwrap_or_default();
-        let environment = |default: Duration, max: Duration, languages: Vec<String>| Environment {
-            identity: self.environment.clone(),
-            default_timeout_ms: duration_ms(default),
-            max_timeout_ms: duration_ms(max),
-            software_identity: String::new(),
-            languages,
-        };
-        Description {
-            sandbox: ID,
-            supports_project: true,
-            // Both reach the broker through the guard, the token added by E2B's egress proxy.
-            supports_javascript_grants: self.guard.is_some(),
-            supports_project_grants: self.guard.is_some(),
-            javascript: environment(
-                SNIPPET_DEFAULT_TIMEOUT,
-                SNIPPET_MAX_TIMEOUT,
-                vec!["javascript".to_owned()],
-            ),
-            project: environment(DEFAULT_TIMEOUT, MAX_TIMEOUT, proven.languages),
-            // Session calls are snippets and projects in one VM; no cell language yet.
-            supports_sessions: true,
-            session: environment(DEFAULT_TIMEOUT, MAX_TIMEOUT, Vec::new()),
-            resources: self.resources,
-            ..Description::default()
-        }
+        let guarded = self.guard.is_some();
+        self.proof
+            .describe(&self.environment, guarded, true, self.resources, |max| max)
     }
 
     fn grant_delivery(&self) -> Delivery {
@@ -375,12 +312,12 @@ impl Provider for E2b {
     }
 
     async fn run_snippet(&self, run: SnippetRun) -> Result<SnippetOutcome, ProviderError> {
-        self.refuse_unproven()?;
+        self.proof.refuse_unproven()?;
         self.snippet(run).await
     }
 
     async fn run_project(&self, plan: ProjectPlan) -> Result<ProjectReport, ProviderError> {
-        self.refuse_unproven()?;
+        self.proof.refuse_unproven()?;
         self.project(plan).await
     }
 
@@ -388,12 +325,12 @@ impl Provider for E2b {
         &self,
         open: super::SessionOpen,
     ) -> Result<super::OpenedSession, ProviderError> {
-        self.refuse_unproven()?;
+        self.proof.refuse_unproven()?;
         session::open(self, open).await
     }
 
     async fn sweep_orphans(&self) {
-        if self.ready.load(Ordering::Acquire) {
+        if self.proof.is_ready() {
             self.sweep().await;
         }
     }

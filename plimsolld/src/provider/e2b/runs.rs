@@ -1,6 +1,8 @@
 //! Snippets and projects in a VM (grants.md §6.5).
 //!
-//! A snippet is written to `/tmp/plimsoll-snippet.cjs` (no argv limits) and run with `node`.
+//! A snippet is written to `/tmp/plimsoll-snippet.cjs` and run with `node`: up to 64 KiB it
+//! travels in the process start's environment and the process writes the file itself, larger
+//! code is uploaded first (no argv or environment limits).
 //! A project's files go under `/home/user/project` and each step into its own
 //! `/tmp/plimsoll-step-<i>.sh`, all in one multipart upload; each step is then its own envd
 //! process, `sh <script>` in the project directory, with what is left of the budget. The
@@ -9,15 +11,31 @@
 
 use std::time::{Duration, Instant};
 
-use plimsoll::wire::{Artifact, ProjectOutcome, ProjectResult, StepResult};
+use plimsoll::wire::{ProjectOutcome, ProjectResult, StepResult};
 
 use super::envd::{Command, EXIT_FLOOD, EXIT_TIMED_OUT, Ending, EnvdError, Finished};
 use super::sandbox::Vm;
 use crate::provider::ProjectPlan;
 use crate::provider::docker::settings::OUTPUT_CAP;
+use crate::provider::remote::{self, Read, outcome};
 
 /// The snippet's file.
 pub const SNIPPET_FILE: &str = "/tmp/plimsoll-snippet.cjs";
+/// The longest snippet that travels in the process's environment: Linux bounds one
+/// environment string at 128 KiB, and the guard library may be prepended.
+const INLINE_MAX: usize = 64 << 10;
+/// The variable an inline snippet travels in; unset before node starts.
+const INLINE_VAR: &str = "PLIMSOLL_SNIPPET";
+
+/// The shell line that writes an inline snippet to its file, as an upload would (same path,
+/// same owner), and replaces itself with node on it: the code sees the same file, argv and
+/// environment either way.
+fn inline_script() -> String {
+    format!(
+        "printf '%s' \"${INLINE_VAR}\" > {SNIPPET_FILE} && unset {INLINE_VAR} && exec node {SNIPPET_FILE}"
+    )
+}
+
 /// A project's directory.
 pub const PROJECT_DIR: &str = "/home/user/project";
 /// A granted project's client library, loaded by every node a step starts.
@@ -25,8 +43,6 @@ pub const HOST_LIBRARY: &str = "/tmp/plimsoll-e2b-host.mjs";
 /// The VM's CA bundle, which holds E2B's egress proxy's CA: node trusts only what
 /// `NODE_EXTRA_CA_CERTS` names.
 const CA_BUNDLE: &str = "/etc/ssl/certs/ca-certificates.crt";
-/// The whole of a project's artifacts (grants.md §6.4).
-const ARTIFACTS_CAP: usize = 8 << 20;
 
 /// Why a run has no result.
 #[derive(Debug, thiserror::Error)]
@@ -58,7 +74,9 @@ fn exit_of(ending: Ending, vm: &Vm) -> Result<i32, RunError> {
 }
 
 /// Runs a snippet in `vm`; a granted one gets `library` (the guard client, no token)
-/// prepended.
+/// prepended. Code that fits in one environment string travels with the process start and
+/// the process writes its own file: one envd call where an upload and a start were two.
+/// Larger code (or code with a NUL, which no environment can hold) is uploaded first.
 pub async fn snippet(
     vm: &Vm,
     code: &str,
@@ -69,21 +87,30 @@ pub async fn snippet(
         Some(library) => format!("{library}{code}"),
         None => code.to_owned(),
     };
-    vm.envd
-        .upload(&[(SNIPPET_FILE.to_owned(), code.into_bytes())])
-        .await?;
-    let envs: &[(&str, &str)] = if library.is_some() {
-        &[("NODE_EXTRA_CA_CERTS", CA_BUNDLE)]
+    let inline = code.len() <= INLINE_MAX && !code.contains('\0');
+    if !inline {
+        vm.envd
+            .upload(&[(SNIPPET_FILE.to_owned(), code.clone().into_bytes())])
+            .await?;
+    }
+    let mut envs: Vec<(&str, &str)> = Vec::new();
+    if library.is_some() {
+        envs.push(("NODE_EXTRA_CA_CERTS", CA_BUNDLE));
+    }
+    let script = inline_script();
+    let (cmd, args): (&str, &[&str]) = if inline {
+        envs.push((INLINE_VAR, &code));
+        ("sh", &["-c", &script])
     } else {
-        &[]
+        ("node", &[SNIPPET_FILE])
     };
     let finished = vm
         .envd
         .run(&Command {
-            cmd: "node",
-            args: &[SNIPPET_FILE],
+            cmd,
+            args,
             cwd: None,
-            envs,
+            envs: &envs,
             timeout,
             stdout_cap: OUTPUT_CAP,
             stderr_cap: OUTPUT_CAP,
@@ -207,59 +234,21 @@ pub async fn project(
         }
     }
     if timed_out {
-        let mut result = outcome(
-            ProjectOutcome::PROJECT_OUTCOME_TIMED_OUT,
-            "the run exceeded its time budget".to_owned(),
-        );
-        result.steps = steps;
-        return Ok(result);
+        return Ok(remote::timed_out(steps));
     }
-    let (artifacts, artifacts_truncated) = artifacts(vm, &plan.artifacts).await;
-    Ok(ProjectResult {
-        outcome: ProjectOutcome::PROJECT_OUTCOME_COMPLETED.into(),
-        steps,
-        artifacts,
-        artifacts_truncated,
-        ..ProjectResult::default()
-    })
-}
-
-/// The asked artifacts that exist, within the total cap (what does not fit is dropped and
-/// flagged).
-async fn artifacts(vm: &Vm, asked: &[String]) -> (Vec<Artifact>, bool) {
-    let mut found = Vec::new();
-    let mut left = ARTIFACTS_CAP;
-    let mut truncated = false;
-    for path in asked {
-        // One byte over what is left tells "does not fit" from "fits exactly".
-        match vm
-            .envd
-            .download(&format!("{PROJECT_DIR}/{path}"), left + 1)
-            .await
-        {
-            Ok(Some(content)) if content.len() <= left => {
-                left -= content.len();
-                found.push(Artifact {
-                    path: path.clone(),
-                    content,
-                    ..Default::default()
-                });
+    let found = remote::artifacts(
+        vm.id(),
+        PROJECT_DIR,
+        &plan.artifacts,
+        |path, limit| async move {
+            match vm.envd.download(&path, limit).await {
+                Ok(Some(content)) => Read::Content(content),
+                Ok(None) => Read::Absent,
+                Err(EnvdError::Refused(_)) => Read::TooLarge,
+                Err(e) => Read::Failed(e.to_string()),
             }
-            Ok(Some(_)) | Err(EnvdError::Refused(_)) => truncated = true,
-            Ok(None) => {}
-            Err(e) => {
-                tracing::warn!(sandbox = %vm.id(), error = %e, "e2b: an artifact could not be read");
-                truncated = true;
-            }
-        }
-    }
-    (found, truncated)
-}
-
-fn outcome(outcome: ProjectOutcome, detail: String) -> ProjectResult {
-    ProjectResult {
-        outcome: outcome.into(),
-        outcome_detail: detail,
-        ..ProjectResult::default()
-    }
+        },
+    )
+    .await;
+    Ok(remote::completed(steps, found))
 }

@@ -7,22 +7,16 @@
 
 use std::time::Duration;
 
-use serde::Deserialize;
-
 use super::envd::{Command, Ending};
 use super::runs::PROJECT_DIR;
 use super::sandbox::{Fleet, SandboxError};
 use crate::provider::Hold;
+use crate::provider::remote::{self, Check, PROBE, PROBE_FILE, Proven, STEP, STEP_FILE};
 
 /// The whole proof's bound.
 pub const LIMIT: Duration = Duration::from_secs(90);
 /// The probe's own bound inside the VM (two 4 s fetches and node's start).
 const PROBE_TIMEOUT: Duration = Duration::from_secs(30);
-const PROBE: &str = include_str!("smoke_probe.cjs");
-const PROBE_FILE: &str = "/tmp/plimsoll-smoke-probe.cjs";
-const STEP_FILE: &str = "/tmp/plimsoll-smoke-step.sh";
-/// The step: python3's presence as the probe's argument, then node in the shell's place.
-const STEP: &str = "if command -v python3 >/dev/null 2>&1; then py=1; else py=0; fi\nexec node /tmp/plimsoll-smoke-probe.cjs \"$py\"\n";
 
 /// Why the proof failed.
 #[derive(Debug, thiserror::Error)]
@@ -31,35 +25,15 @@ pub enum SmokeError {
     #[error(transparent)]
     Sandbox(#[from] SandboxError),
     /// A check failed.
-    #[error("startup proof check {check:?} failed: {detail}")]
-    Check { check: &'static str, detail: String },
+    #[error(transparent)]
+    Check(#[from] Check),
     /// The whole proof took longer than [`LIMIT`].
     #[error("the startup proof did not finish within {LIMIT:?}")]
     Timeout,
 }
 
 fn check(check: &'static str, detail: impl Into<String>) -> SmokeError {
-    SmokeError::Check {
-        check,
-        detail: detail.into(),
-    }
-}
-
-#[derive(Deserialize)]
-struct Report {
-    node: String,
-    cwd: String,
-    python: bool,
-    egress: std::collections::BTreeMap<String, String>,
-}
-
-/// What the proof found.
-#[derive(Debug, Clone, Default)]
-pub struct Proven {
-    /// The languages a project can use (JavaScript first).
-    pub languages: Vec<String>,
-    /// node's version, for the log.
-    pub node: String,
+    SmokeError::Check(remote::check(check, detail))
 }
 
 /// Runs the proof.
@@ -102,28 +76,7 @@ async fn run(fleet: &std::sync::Arc<Fleet>) -> Result<Proven, SmokeError> {
         }
         other => return Err(check("probe", format!("the probe ended {other:?}"))),
     }
-    let line = String::from_utf8_lossy(finished.stdout.bytes()).into_owned();
-    let report: Report = serde_json::from_str(line.trim())
-        .map_err(|e| check("probe", format!("its report could not be read: {e}")))?;
-    if report.cwd != PROJECT_DIR {
-        return Err(check(
-            "cwd",
-            format!("a step ran in {:?}, not {PROJECT_DIR}", report.cwd),
-        ));
-    }
-    if report.egress.len() != 2 || report.egress.values().any(|v| v != "blocked") {
-        return Err(check(
-            "egress",
-            format!("a VM reached the outside world: {:?}", report.egress),
-        ));
-    }
-    let mut languages = vec!["javascript".to_owned()];
-    if report.python {
-        languages.push("python".to_owned());
-    }
+    let proven = remote::judge(finished.stdout.bytes(), PROJECT_DIR)?;
     drop(vm);
-    Ok(Proven {
-        languages,
-        node: report.node,
-    })
+    Ok(proven)
 }

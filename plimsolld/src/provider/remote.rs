@@ -1,0 +1,307 @@
+//! What the providers of a proven remote VM (`e2b`, `dockercloud`) share: the startup proof's
+//! probe and how its report is judged, the readiness the proof sets (tier `vm` only once it
+//! passed), the `Describe` of a VM per run, and the end of a project's run (the artifacts
+//! within their budget, the outcome).
+
+use std::collections::BTreeMap;
+use std::sync::RwLock;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use plimsoll::refusal::Refusal;
+use plimsoll::tier::IsolationTier;
+use plimsoll::wire::{Artifact, ProjectOutcome, ProjectResult, StepResult};
+use serde::Deserialize;
+
+use super::docker::project::{DEFAULT_TIMEOUT, MAX_TIMEOUT};
+use super::docker::settings::{SNIPPET_DEFAULT_TIMEOUT, SNIPPET_MAX_TIMEOUT};
+use super::e2b::config::BaseUrl;
+use super::{Description, Environment, ProviderError, Resources};
+
+/// The probe both proofs run: node's version, its cwd, python3's presence, egress attempts.
+pub const PROBE: &str = include_str!("e2b/smoke_probe.cjs");
+pub const PROBE_FILE: &str = "/tmp/plimsoll-smoke-probe.cjs";
+pub const STEP_FILE: &str = "/tmp/plimsoll-smoke-step.sh";
+/// The step: python3's presence as the probe's argument, then node in the shell's place.
+pub const STEP: &str = "if command -v python3 >/dev/null 2>&1; then py=1; else py=0; fi\nexec node /tmp/plimsoll-smoke-probe.cjs \"$py\"\n";
+/// The whole of a project's artifacts (grants.md §6.4, §7.5).
+const ARTIFACTS_CAP: usize = 8 << 20;
+
+/// A failed check of a startup proof.
+#[derive(Debug, thiserror::Error)]
+#[error("startup proof check {check:?} failed: {detail}")]
+pub struct Check {
+    pub check: &'static str,
+    pub detail: String,
+}
+
+/// A failed check named `check`.
+pub fn check(check: &'static str, detail: impl Into<String>) -> Check {
+    Check {
+        check,
+        detail: detail.into(),
+    }
+}
+
+#[derive(Deserialize)]
+struct Report {
+    node: String,
+    cwd: String,
+    python: bool,
+    egress: BTreeMap<String, String>,
+}
+
+/// What a proof found.
+#[derive(Debug, Clone, Default)]
+pub struct Proven {
+    /// The languages a project can use (JavaScript first).
+    pub languages: Vec<String>,
+    /// node's version, for the log.
+    pub node: String,
+}
+
+/// Judges the probe's report (its stdout, run as a step in `project_dir`): the step's cwd
+/// and every egress attempt blocked.
+pub fn judge(stdout: &[u8], project_dir: &str) -> Result<Proven, Check> {
+    let report: Report = serde_json::from_str(String::from_utf8_lossy(stdout).trim())
+        .map_err(|e| check("probe", format!("its report could not be read: {e}")))?;
+    if report.cwd != project_dir {
+        return Err(check(
+            "cwd",
+            format!("a step ran in {:?}, not {project_dir}", report.cwd),
+        ));
+    }
+    if report.egress.len() != 2 || report.egress.values().any(|v| v != "blocked") {
+        return Err(check(
+            "egress",
+            format!("a VM reached the outside world: {:?}", report.egress),
+        ));
+    }
+    let mut languages = vec!["javascript".to_owned()];
+    if report.python {
+        languages.push("python".to_owned());
+    }
+    Ok(Proven {
+        languages,
+        node: report.node,
+    })
+}
+
+/// Whether the startup proof passed, and what it found. Nothing runs before it passed.
+pub struct Proof {
+    /// The provider id, for refusals.
+    id: &'static str,
+    proven: RwLock<Option<Proven>>,
+    ready: AtomicBool,
+}
+
+impl Proof {
+    pub fn new(id: &'static str) -> Proof {
+        Proof {
+            id,
+            proven: RwLock::new(None),
+            ready: AtomicBool::new(false),
+        }
+    }
+
+    /// Records a passed proof; the provider is ready from here on.
+    pub fn passed(&self, proven: Proven) {
+        *self.proven.write().unwrap_or_else(|e| e.into_inner()) = Some(proven);
+        self.ready.store(true, Ordering::Release);
+    }
+
+    pub fn is_ready(&self) -> bool {
+        self.ready.load(Ordering::Acquire)
+    }
+
+    /// What the proof found (nothing before it passed).
+    pub fn proven(&self) -> Proven {
+        self.proven
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+            .unwrap_or_default()
+    }
+
+    /// `Provider::ready`: configured and proven, nothing asked of the vendor.
+    pub fn ready(&self) -> Result<(), String> {
+        if self.is_ready() {
+            Ok(())
+        } else {
+            Err(format!("the {} startup proof has not passed", self.id))
+        }
+    }
+
+    /// `Provider::current_tier`: a VM once proven, nothing before.
+    pub fn tier(&self) -> IsolationTier {
+        if self.is_ready() {
+            IsolationTier::Vm
+        } else {
+            IsolationTier::None
+        }
+    }
+
+    /// Refuses a run before the proof passed.
+    pub fn refuse_unproven(&self) -> Result<(), ProviderError> {
+        if self.is_ready() {
+            return Ok(());
+        }
+        Err(ProviderError::Refused(Refusal::Environment(format!(
+            "the {} provider has not passed its startup proof; nothing ran",
+            self.id
+        ))))
+    }
+
+    /// The `Describe` of a VM per run: snippets and projects (and sessions when `sessions`),
+    /// grants through the guard when one is configured, the proven project languages; `max`
+    /// caps each kind's timeout.
+    pub fn describe(
+        &self,
+        identity: &str,
+        guarded: bool,
+        sessions: bool,
+        resources: Resources,
+        max: impl Fn(Duration) -> Duration,
+    ) -> Description {
+        let environment = |default: Duration, most: Duration, languages: Vec<String>| {
+            let most = max(most);
+            Environment {
+                identity: identity.to_owned(),
+                default_timeout_ms: duration_ms(default.min(most)),
+                max_timeout_ms: duration_ms(most),
+                software_identity: String::new(),
+                languages,
+            }
+        };
+        Description {
+            sandbox: self.id,
+            supports_project: true,
+            supports_javascript_grants: guarded,
+            supports_project_grants: guarded,
+            javascript: environment(
+                SNIPPET_DEFAULT_TIMEOUT,
+                SNIPPET_MAX_TIMEOUT,
+                vec!["javascript".to_owned()],
+            ),
+            project: environment(DEFAULT_TIMEOUT, MAX_TIMEOUT, self.proven().languages),
+            supports_sessions: sessions,
+            session: if sessions {
+                environment(DEFAULT_TIMEOUT, MAX_TIMEOUT, Vec::new())
+            } else {
+                Environment::default()
+            },
+            resources,
+            ..Description::default()
+        }
+    }
+}
+
+fn duration_ms(d: Duration) -> u32 {
+    u32::try_from(d.as_millis()).unwrap_or(u32::MAX)
+}
+
+/// What reading one artifact gave.
+pub enum Read {
+    Content(Vec<u8>),
+    Absent,
+    /// Over the limit asked for.
+    TooLarge,
+    Failed(String),
+}
+
+/// The asked artifacts (paths in `project_dir`) that exist, within the total cap: what does
+/// not fit is dropped and flagged. `read(path, limit)` reads one.
+pub async fn artifacts<F, Fut>(
+    sandbox: &str,
+    project_dir: &str,
+    asked: &[String],
+    mut read: F,
+) -> (Vec<Artifact>, bool)
+where
+    F: FnMut(String, usize) -> Fut,
+    Fut: Future<Output = Read>,
+{
+    let mut found = Vec::new();
+    let mut left = ARTIFACTS_CAP;
+    let mut truncated = false;
+    for path in asked {
+        // One byte over what is left tells "does not fit" from "fits exactly".
+        match read(format!("{project_dir}/{path}"), left + 1).await {
+            Read::Content(content) if content.len() <= left => {
+                left -= content.len();
+                found.push(Artifact {
+                    path: path.clone(),
+                    content,
+                    ..Default::default()
+                });
+            }
+            Read::Content(_) | Read::TooLarge => truncated = true,
+            Read::Absent => {}
+            Read::Failed(e) => {
+                tracing::warn!(sandbox = %sandbox, error = %e, "an artifact could not be read");
+                truncated = true;
+            }
+        }
+    }
+    (found, truncated)
+}
+
+/// A project's result with no steps to show.
+pub fn outcome(outcome: ProjectOutcome, detail: String) -> ProjectResult {
+    ProjectResult {
+        outcome: outcome.into(),
+        outcome_detail: detail,
+        ..ProjectResult::default()
+    }
+}
+
+/// A project the budget ended, with the steps that ran.
+pub fn timed_out(steps: Vec<StepResult>) -> ProjectResult {
+    ProjectResult {
+        steps,
+        ..outcome(
+            ProjectOutcome::PROJECT_OUTCOME_TIMED_OUT,
+            "the run exceeded its time budget".to_owned(),
+        )
+    }
+}
+
+/// A project whose steps all ran (or stopped at a failing one), with its artifacts.
+pub fn completed(
+    steps: Vec<StepResult>,
+    (artifacts, truncated): (Vec<Artifact>, bool),
+) -> ProjectResult {
+    ProjectResult {
+        outcome: ProjectOutcome::PROJECT_OUTCOME_COMPLETED.into(),
+        steps,
+        artifacts,
+        artifacts_truncated: truncated,
+        ..ProjectResult::default()
+    }
+}
+
+/// Where granted VMs reach the guard.
+#[derive(Clone)]
+pub struct Guard {
+    /// The guard URL's host name (the VM's one allowed destination).
+    pub host: String,
+    /// The guard path's URL the client library posts to.
+    pub url: String,
+}
+
+impl Guard {
+    /// The guard at `base`, its path for this provider `path`.
+    pub fn at(base: &BaseUrl, path: &str) -> Guard {
+        Guard {
+            host: base.server_name().to_owned(),
+            url: format!("https://{}{path}", base.server_name()),
+        }
+    }
+}
+
+/// The refusal of a granted run without a guard (`variable` configures one).
+pub fn no_guard(id: &str, variable: &str) -> ProviderError {
+    ProviderError::Refused(Refusal::Unsupported(format!(
+        "the {id} provider reaches grants only through the guard ({variable}); nothing ran"
+    )))
+}
