@@ -20,7 +20,7 @@ use serde::Deserialize;
 use super::api::encode;
 use super::config::{BaseUrl, EnvdRoute};
 use super::http::{Client, HttpError};
-use crate::provider::docker::output::Capped;
+use crate::provider::guest::output::Capped;
 
 /// envd's port.
 const ENVD_PORT: &str = "49983";
