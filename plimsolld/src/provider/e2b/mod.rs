@@ -16,6 +16,7 @@
 //! (docs/e2b-simulator.md).
 
 mod api;
+mod cells;
 pub mod config;
 mod envd;
 pub(crate) mod http;
@@ -353,10 +354,10 @@ impl Provider for E2b {
                 SNIPPET_MAX_TIMEOUT,
                 vec!["javascript".to_owned()],
             ),
-            project: environment(DEFAULT_TIMEOUT, MAX_TIMEOUT, proven.languages),
-            // Session calls are snippets and projects in one VM; no cell language yet.
+            project: environment(DEFAULT_TIMEOUT, MAX_TIMEOUT, proven.languages.clone()),
+            // Session calls: snippets, projects and cells in the template's languages.
             supports_sessions: true,
-            session: environment(DEFAULT_TIMEOUT, MAX_TIMEOUT, Vec::new()),
+            session: environment(DEFAULT_TIMEOUT, MAX_TIMEOUT, proven.languages),
             resources: self.resources,
             ..Description::default()
         }

@@ -33,7 +33,7 @@ use super::runs::WORK;
 use crate::provider::docker::project::GUARD;
 use crate::provider::guest::GuestExec;
 pub use crate::provider::guest::cell::Interpreter;
-use crate::provider::guest::cell::{Checker, Layout};
+use crate::provider::guest::cell::{Checker, Layout, RelayParent};
 use crate::provider::guest::cells::Target;
 use crate::provider::guest::output::Capped;
 use crate::provider::guest::{Command, ExecError, Held, HeldInput, HeldOutput, Ran};
@@ -68,7 +68,8 @@ pub fn target(gateway: Gateway, sandbox: String) -> Target {
         checker: Checker::GuardedGuest,
         // `env` execs the interpreter, so the PID and command line are the interpreter's.
         interpreter_prefix: vec!["env".to_owned(), format!("LD_PRELOAD={GUARD}")],
-        guard: GUARD.to_owned(),
+        guard: Some(GUARD.to_owned()),
+        relay_parent: RelayParent::Outside,
     };
     let exec: Arc<dyn GuestExec> = Arc::new(SandboxExec { gateway, sandbox });
     (exec, layout)

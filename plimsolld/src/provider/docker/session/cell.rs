@@ -65,7 +65,8 @@ pub fn layout(guest: &Guest) -> Layout {
         user: guest.user(),
         checker: crate::provider::guest::cell::Checker::User(guest.checker_user()),
         interpreter_prefix: prefix,
-        guard: GUARD.to_owned(),
+        guard: Some(GUARD.to_owned()),
+        relay_parent: crate::provider::guest::cell::RelayParent::Outside,
     }
 }
 

@@ -15,7 +15,7 @@ use tokio::time::Instant;
 
 use super::frames::{self, Frame};
 use super::identity::ProcessId;
-use super::{CellError, CellLanguage, Checker, Interpreter, Layout};
+use super::{CellError, CellLanguage, Checker, Interpreter, Layout, RelayParent};
 use crate::provider::guest::{Command, GuestExec, Ran, guarded};
 
 /// The launcher script.
@@ -145,16 +145,29 @@ fn short<'a>(
 
 /// The check's argv and user.
 fn checker(layout: &Layout, interpreter: &ProcessId, relay: &ProcessId) -> (Vec<String>, String) {
+    let parent = match layout.relay_parent {
+        RelayParent::Outside => "outside",
+        RelayParent::Root => "root",
+    };
     let program = [
         "node".to_owned(),
         "-e".to_owned(),
         CHECK_JS.to_owned(),
         interpreter.to_string(),
         relay.to_string(),
+        parent.to_owned(),
     ];
     match &layout.checker {
         Checker::User(user) => (program.to_vec(), user.clone()),
-        Checker::GuardedGuest => (guarded(&layout.guard, program), layout.user.clone()),
+        Checker::GuardedGuest => (with_guard(layout, program), layout.user.clone()),
+    }
+}
+
+/// `argv` under the layout's runner guard, if the guest has one.
+fn with_guard(layout: &Layout, argv: impl IntoIterator<Item = String>) -> Vec<String> {
+    match &layout.guard {
+        Some(guard) => guarded(guard, argv),
+        None => argv.into_iter().collect(),
     }
 }
 
@@ -195,7 +208,7 @@ pub async fn launch(
         ProcessId::verify(report.trim_end_matches('\n'), &language.interpreter_argv())
             .map_err(|e| failed(e.to_string()))?;
 
-    let relay_argv = guarded(&layout.guard, language.relay_argv(&layout.work));
+    let relay_argv = with_guard(&layout, language.relay_argv(&layout.work));
     let relay_command = Command {
         stderr_cap: RELAY_STDERR_CAP,
         ..short(&relay_argv, &layout.user, &[], deadline)

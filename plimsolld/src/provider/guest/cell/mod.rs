@@ -70,8 +70,21 @@ pub struct Layout {
     /// runner guard preloaded (docker: the start script with the image environment; elsewhere
     /// `env LD_PRELOAD=…`). The interpreter must keep the launcher's child PID.
     pub interpreter_prefix: Vec<String>,
-    /// The runner guard library in the guest, preloaded into the relay (and a guarded check).
-    pub guard: String,
+    /// The runner guard library in the guest, preloaded into the relay (and a guarded check);
+    /// `None` where the guest has none (e2b's template).
+    pub guard: Option<String>,
+    /// What the relay's parent must be for the check to accept it.
+    pub relay_parent: RelayParent,
+}
+
+/// The relay's parent as the identity check requires it: proof that the provider's exec agent
+/// started the relay, not a session process.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RelayParent {
+    /// PID 0: started from outside the guest's PID namespace (`docker exec`, the gateway).
+    Outside,
+    /// A live process of uid 0 (e2b's envd): no session process can start one.
+    Root,
 }
 
 /// Who runs the identity check. It must be out of reach of every session process, or its
