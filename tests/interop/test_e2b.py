@@ -169,6 +169,14 @@ class E2bInteropTest(unittest.TestCase):
                             )
                             self.assertEqual(swept.stdout, b"0\n", swept.stderr)
                             self.assertEqual(swept.record.instance, left.record.instance, "one VM")
+                            # Cells keep their interpreter's state between calls, as `user`.
+                            first = s.run_cell("import os\nx = 41\nprint(os.getuid() != 0)", "python")
+                            self.assertEqual((first.stdout, first.interpreter_started), (b"True\n", True), first)
+                            kept = s.run_cell("x + 1", "python")
+                            self.assertEqual((kept.stdout, kept.exit_code, kept.interpreter_started), (b"42\n", 0, False), kept)
+                            s.run_cell("let y = 6", "javascript")
+                            js = s.run_cell("y * 7", "javascript")
+                            self.assertEqual((js.stdout, js.interpreter_started), (b"42\n", False), js)
                             self.assertEqual(ws.read("n.txt"), b"41\n")
                     finally:
                         code = daemon.stop()

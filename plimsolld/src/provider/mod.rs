@@ -25,6 +25,8 @@ pub mod docker;
 pub mod dockercloud;
 #[cfg(feature = "e2b")]
 pub mod e2b;
+#[cfg(feature = "docker")]
+pub mod guest;
 #[cfg(feature = "openshell")]
 pub mod openshell;
 #[cfg(any(feature = "e2b", feature = "dockercloud"))]

@@ -173,6 +173,7 @@ impl Proof {
                 languages,
             }
         };
+        let proven = self.proven();
         Description {
             sandbox: self.id,
             supports_project: true,
@@ -183,10 +184,11 @@ impl Proof {
                 SNIPPET_MAX_TIMEOUT,
                 vec!["javascript".to_owned()],
             ),
-            project: environment(DEFAULT_TIMEOUT, MAX_TIMEOUT, self.proven().languages),
+            project: environment(DEFAULT_TIMEOUT, MAX_TIMEOUT, proven.languages.clone()),
             supports_sessions: sessions,
+            // Session calls: snippets, projects and cells in the proven languages.
             session: if sessions {
-                environment(DEFAULT_TIMEOUT, MAX_TIMEOUT, Vec::new())
+                environment(DEFAULT_TIMEOUT, MAX_TIMEOUT, proven.languages)
             } else {
                 Environment::default()
             },

@@ -79,7 +79,8 @@ fn wait_state(e2b: &E2bSim, id: &str, want: Option<&str>) {
 
 /// Files persist, a process a call leaves is killed between calls by root, the code runs as
 /// a `user` that cannot become root, the idle VM is paused and the next call resumes it, a
-/// cell is refused (nothing ran) and `Describe` lists no cell language; the close kills it.
+/// cell runs (tests/tests/e2b_cells.rs has the rest) and `Describe` lists the cell languages;
+/// the close kills it.
 #[test]
 fn an_e2b_session_keeps_files_kills_leftovers_and_pauses_when_idle() {
     require_e2b!();
@@ -89,11 +90,10 @@ fn an_e2b_session_keeps_files_kills_leftovers_and_pauses_when_idle() {
     assert!(e2b.ids().is_empty(), "{:?}", e2b.sandboxes());
     let v = send(d.addr, &connect::call("Describe", &json!({}))).json();
     assert_eq!(v["supportsSessions"], true, "{v}");
-    assert!(
-        v["sessionEnvironment"]["languages"]
-            .as_array()
-            .is_none_or(Vec::is_empty),
-        "no cell language while cells do not run: {v}"
+    assert_eq!(
+        v["sessionEnvironment"]["languages"],
+        json!(["javascript", "python"]),
+        "the cell languages: {v}"
     );
 
     let id = open(&d);
@@ -149,13 +149,18 @@ fn an_e2b_session_keeps_files_kills_leftovers_and_pauses_when_idle() {
     assert_eq!(v["project"]["outcome"], "PROJECT_OUTCOME_COMPLETED", "{v}");
     assert_eq!(field(&v["project"]["steps"][0], "stdout"), "Akept", "{v}");
 
-    // Cells do not run on e2b yet: refused, nothing ran, the session goes on.
+    // A cell runs in the session, and the session goes on.
     let resp = session_run(
         &d,
         &id,
         ("cell", json!({ "language": "python", "code": "print(1)" })),
     );
-    assert_ne!(resp.status, 200, "{resp}");
+    assert_eq!(resp.status, 200, "{resp}");
+    assert_eq!(
+        field(&resp.json()["run"]["cell"], "stdout"),
+        "1\n",
+        "{resp}"
+    );
     let (out, _) = js(&d, &id, "console.log('after')");
     assert_eq!(out, "after\n");
 

@@ -24,11 +24,11 @@ use tokio::sync::Notify;
 use super::DockerError;
 use super::engine::Engine;
 use super::lockdown::{self, Identity, Shape};
-use super::output::{Kept, Output};
 use super::preflight::VerifiedImage;
 use super::removal;
 use super::settings::Settings;
 use crate::provider::Hold;
+use crate::provider::guest::output::{Kept, Output};
 
 /// The exit code of a run the deadline ended.
 pub const EXIT_TIMED_OUT: i32 = 124;

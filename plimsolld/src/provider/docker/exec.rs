@@ -22,7 +22,7 @@ use tokio::time::Instant;
 
 use super::engine::Engine;
 use super::lockdown::GUEST_PATH;
-use super::output::Capped;
+use crate::provider::guest::output::Capped;
 
 #[cfg(test)]
 pub(super) mod testbed;

@@ -3,8 +3,8 @@
 //! return without panicking, whatever it is given.
 
 use super::runner::{self, Report, ReportKey};
-use super::session::cell::frames::{Frame, Lines};
-use super::session::cell::identity::ProcessId;
+use crate::provider::guest::cell::frames::{Frame, Lines};
+use crate::provider::guest::cell::identity::ProcessId;
 
 /// The runner's stdout around a valid frame: `before`, a frame of `body` authenticated with
 /// `key`, then `after`, scanned as the daemon scans it; a verified body is decoded and turned

@@ -29,11 +29,11 @@ mod engine;
 pub(crate) mod exec;
 #[cfg(feature = "fuzzing")]
 pub mod fuzzing;
+mod guest;
 mod identity;
 mod lockdown;
 mod module;
 mod orphans;
-pub(crate) mod output;
 mod pool;
 mod preflight;
 pub(crate) mod project;
@@ -47,9 +47,6 @@ mod smoke;
 /// The session boundary's guest programs and baseline rule, shared with sessions on openshell.
 #[cfg(feature = "openshell")]
 pub(crate) use session::boundary as session_boundary;
-/// The cell kernels, relay program and frames, shared with cells on openshell.
-#[cfg(feature = "openshell")]
-pub(crate) use session::cell::shared as session_cell;
 
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex, RwLock};

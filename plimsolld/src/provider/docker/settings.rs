@@ -29,8 +29,8 @@ pub const SNIPPET_MAX_TIMEOUT: Duration = Duration::from_secs(30);
 /// per process, and an idle sandbox uses about 40. The host `pids.max` under runsc is this
 /// factor times the guest limit, so the host limit is a backstop that never fires first.
 pub const RUNSC_HOST_PIDS_PER_GUEST_PROCESS: u32 = 16;
-/// Per-stream output cap.
-pub const OUTPUT_CAP: usize = 64 * 1024;
+/// Per-stream output cap (defined with the output capping every provider shares).
+pub use crate::provider::guest::output::OUTPUT_CAP;
 
 /// The provider's fixed view of its configuration.
 #[derive(Debug, Clone)]

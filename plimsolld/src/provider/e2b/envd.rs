@@ -20,7 +20,10 @@ use serde::Deserialize;
 use super::api::encode;
 use super::config::{BaseUrl, EnvdRoute};
 use super::http::{Client, HttpError};
-use crate::provider::docker::output::Capped;
+use crate::provider::guest::output::Capped;
+
+mod held;
+pub use held::{HeldStdin, HeldStdout};
 
 /// envd's port.
 const ENVD_PORT: &str = "49983";
@@ -227,9 +230,12 @@ impl Envd {
             .map_err(EnvdError::Refused)
     }
 
-    /// Starts `command` and follows its stream to the end, the deadline or a loss.
-    pub async fn run(&self, command: &Command<'_>) -> Result<Finished, EnvdError> {
-        let started = Instant::now();
+    /// The `Start` request for `command`: its headers and its one enveloped message.
+    fn start_request(
+        &self,
+        command: &Command<'_>,
+        stdin: bool,
+    ) -> Result<(HeaderMap, Vec<u8>), EnvdError> {
         let envs: serde_json::Map<String, serde_json::Value> = command
             .envs
             .iter()
@@ -240,7 +246,7 @@ impl Envd {
         if let Some(cwd) = command.cwd {
             process["cwd"] = serde_json::Value::from(cwd);
         }
-        let message = serde_json::to_vec(&serde_json::json!({"process": process, "stdin": false}))
+        let message = serde_json::to_vec(&serde_json::json!({"process": process, "stdin": stdin}))
             .map_err(|e| EnvdError::Framing(e.to_string()))?;
         let mut body = Vec::with_capacity(message.len() + 5);
         body.push(0);
@@ -262,6 +268,13 @@ impl Envd {
             HeaderValue::from_str(&timeout_ms.to_string())
                 .map_err(|e| EnvdError::Http(HttpError::Build(e.to_string())))?,
         );
+        Ok((headers, body))
+    }
+
+    /// Starts `command` and follows its stream to the end, the deadline or a loss.
+    pub async fn run(&self, command: &Command<'_>) -> Result<Finished, EnvdError> {
+        let started = Instant::now();
+        let (headers, body) = self.start_request(command, false)?;
         let mut finished = Finished {
             stdout: Capped::new(command.stdout_cap),
             stderr: Capped::new(command.stderr_cap),
@@ -307,9 +320,16 @@ struct Frame {
 #[serde(rename_all = "camelCase")]
 struct Event {
     #[serde(default)]
+    start: Option<Start>,
+    #[serde(default)]
     data: Option<Data>,
     #[serde(default)]
     end: Option<End>,
+}
+
+#[derive(Deserialize)]
+struct Start {
+    pid: u32,
 }
 
 #[derive(Deserialize)]

@@ -16,6 +16,7 @@
 //! (docs/e2b-simulator.md).
 
 mod api;
+mod cells;
 pub mod config;
 mod envd;
 pub(crate) mod http;

@@ -17,7 +17,8 @@
 //! - suspend is E2B's pause (its admission slot is given back: a paused VM runs nothing); the
 //!   end is the kill.
 //!
-//! Cells are not offered on e2b yet: nothing runs and `Describe` lists no cell language.
+//! Cells ([`super::cells`]): python and javascript interpreters as `user`, kept between calls
+//! and spared by the sweep, ended before project calls, granted calls and a suspend.
 
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
@@ -36,9 +37,10 @@ use crate::grant::GuestGrant;
 use crate::grant::host_client::{self, TokenPlacement};
 use crate::provider::docker::project::MAX_TIMEOUT;
 use crate::provider::docker::settings::SNIPPET_MAX_TIMEOUT;
+use crate::provider::guest::cell::Interpreter;
 use crate::provider::{
-    Hold, OpenedSession, ProjectPlan, ProjectReport, ProviderError, SessionFault, SessionOpen,
-    SessionSandbox, SnippetOutcome,
+    CellCall, CellOutcome, Hold, OpenedSession, ProjectPlan, ProjectReport, ProviderError,
+    SessionFault, SessionOpen, SessionSandbox, SnippetOutcome,
 };
 
 /// The sweep, run by root's node after each call.
@@ -74,7 +76,11 @@ pub struct E2bSession {
     /// The VM, until the session's end kills it.
     vm: Option<Vm>,
     /// The same envd as root: the cleanup and the checks.
-    root: Envd,
+    pub(super) root: Envd,
+    /// The live cell interpreters, at most one per language.
+    pub(super) interpreters: Vec<Interpreter>,
+    /// The cell languages the template runs (proven at startup).
+    pub(super) languages: Vec<String>,
     grants: SessionGrants,
     guard: Option<Guard>,
     /// Made with the guard rule and the session's token (`E2B_SESSION_GRANTS=session`).
@@ -128,9 +134,12 @@ pub(super) async fn open(e2b: &E2b, open: SessionOpen) -> Result<OpenedSession, 
         .envd
         .as_root()
         .map_err(|e| ProviderError::infrastructure(E2bError::Client(e.to_string())))?;
+    let languages = e2b.proof.proven().languages;
     let session = E2bSession {
         vm: Some(vm),
         root,
+        interpreters: Vec::new(),
+        languages,
         grants: e2b.session_grants,
         guard: e2b.guard.clone(),
         guarded,
@@ -168,7 +177,7 @@ fn boundary(cmd: &'static str, args: &'static [&'static str]) -> Command<'static
 }
 
 impl E2bSession {
-    fn vm(&self) -> Result<&Vm, SessionFault> {
+    pub(super) fn vm(&self) -> Result<&Vm, SessionFault> {
         self.vm.as_ref().ok_or_else(|| {
             SessionFault::ended(
                 SessionEnd::SESSION_END_SANDBOX_CHANGED,
@@ -401,6 +410,10 @@ impl SessionSandbox for E2bSession {
         timeout: Duration,
         grant: Option<Arc<GuestGrant>>,
     ) -> Result<SnippetOutcome, SessionFault> {
+        if grant.is_some() {
+            // A kept interpreter must not run inside the call's window to the guard.
+            self.end_interpreters().await;
+        }
         let library = self.grant(grant.as_deref()).await;
         let library = match library {
             Ok(library) => library,
@@ -433,6 +446,8 @@ impl SessionSandbox for E2bSession {
     }
 
     async fn project(&mut self, plan: ProjectPlan) -> Result<ProjectReport, SessionFault> {
+        // A kept interpreter runs as `user` like the runner and must not see its report key.
+        self.end_interpreters().await;
         let library = match self.grant(plan.grant.as_deref()).await {
             Ok(library) => library,
             Err(fault) => {
@@ -469,7 +484,19 @@ impl SessionSandbox for E2bSession {
             ));
         }
         let disk_bytes = (u64::from(self.disk_mb) * 1024 * 1024).to_string();
-        let mut args = vec![SWEEP_FILE, super::envd::USER, &disk_bytes, MAX_ENTRIES];
+        let kept = self.interpreter_ids();
+        let keep = if kept.is_empty() {
+            "-".to_owned()
+        } else {
+            kept.join(",")
+        };
+        let mut args = vec![
+            SWEEP_FILE,
+            super::envd::USER,
+            &disk_bytes,
+            MAX_ENTRIES,
+            &keep,
+        ];
         args.extend(USER_DIRS);
         let ran = self
             .root
@@ -513,7 +540,13 @@ impl SessionSandbox for E2bSession {
         }
     }
 
+    async fn cell(&mut self, call: CellCall) -> Result<CellOutcome, SessionFault> {
+        self.run_cell(call).await
+    }
+
     async fn suspend(&mut self) -> Result<(), SessionFault> {
+        // The relay's envd stream does not survive a pause: the next cell starts afresh.
+        self.end_interpreters().await;
         let vm = self.vm()?;
         match vm.fleet().api.pause(vm.id()).await {
             Ok(()) => {

@@ -1,17 +1,20 @@
 // plimsoll's e2b session sweep (grants.md §6.7, providers.md §9.4): run by plimsolld through
 // envd as root after each session call, as
 //
-//   node <this> <user> <disk bytes> <max entries> <dir…>
+//   node <this> <user> <disk bytes> <max entries> <keep> <dir…>
 //
 // The caller's code runs as <user>, who cannot become root. It kills every process that
-// holds <user>'s uid in any of its ids until none is left (zombies hold nothing), then counts
+// holds <user>'s uid in any of its ids until none is left (zombies hold nothing), except the
+// processes named in <keep> (comma-separated pid:starttime:cmdlinehex, the session's cell
+// interpreters and relays, spared only while all three still match; "-" for none), then counts
 // the blocks of <user>'s files under the dirs (at most <max entries> entries). Exit codes:
 // 0 clean; 10 over the disk budget; 11 the files could not be measured; 1 the boundary could
 // not be proven within 50 rounds; 2 <user> is unknown. Nothing it prints is trusted.
 "use strict";
 const fs = require("fs");
 
-const [name, diskArg, maxArg, ...dirs] = process.argv.slice(2);
+const [name, diskArg, maxArg, keepArg, ...dirs] = process.argv.slice(2);
+const keep = new Set(keepArg && keepArg !== "-" ? keepArg.split(",") : []);
 const diskBytes = BigInt(diskArg || "0");
 const maxEntries = Number(maxArg || "0");
 const MAX_ROUNDS = 50;
@@ -37,9 +40,27 @@ function theirs() {
         const state = /^State:\s+(\S)/m.exec(status);
         if (state && (state[1] === "Z" || state[1] === "X")) continue;
         const ids = /^Uid:\s+(.*)$/m.exec(status);
-        if (ids && ids[1].trim().split(/\s+/).includes(uid)) found.push(Number(pid));
+        if (ids && ids[1].trim().split(/\s+/).includes(uid) && !kept(pid)) found.push(Number(pid));
     }
     return found;
+}
+
+// Whether pid is a kept process: its start time and command line as the daemon proved them.
+function kept(pid) {
+    if (keep.size === 0) return false;
+    let stat;
+    let cmdline;
+    try {
+        stat = fs.readFileSync(`/proc/${pid}/stat`, "latin1");
+        cmdline = fs.readFileSync(`/proc/${pid}/cmdline`);
+    } catch {
+        return false;
+    }
+    const start = stat.slice(stat.lastIndexOf(")") + 2).split(" ")[19];
+    if (cmdline.length > 0 && cmdline[cmdline.length - 1] === 0) {
+        cmdline = cmdline.subarray(0, cmdline.length - 1);
+    }
+    return keep.has(`${pid}:${start}:${cmdline.toString("hex")}`);
 }
 
 let clean = false;

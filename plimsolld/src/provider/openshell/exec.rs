@@ -17,7 +17,7 @@ use super::gateway::{Gateway, GatewayError, workspace};
 use super::proto::v1::exec_sandbox_event::Payload as Event;
 use super::proto::v1::exec_sandbox_input::Payload as Input;
 use super::proto::v1::{ExecSandboxInput, ExecSandboxRequest};
-use crate::provider::docker::output::Capped;
+use crate::provider::guest::output::Capped;
 
 /// The largest stdin frame.
 const STDIN_FRAME: usize = 64 * 1024;

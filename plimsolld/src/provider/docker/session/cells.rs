@@ -3,13 +3,10 @@
 //! last one ended), adds its identities to the sweep's keep set, and holds every interpreter
 //! stopped through a project call, so cell state survives it ([`DockerSession::hold_for_project`]).
 
-use plimsoll::refusal::Refusal;
-use tokio::time::Instant;
-
-use super::super::settings::OUTPUT_CAP;
 use super::DockerSession;
 use super::boundary;
-use super::cell::{CellError, CellLanguage, Guest, Interpreter};
+use super::cell::{self, CellError, CellLanguage, Guest, Interpreter};
+use crate::provider::guest::cells;
 use crate::provider::{CellCall, CellOutcome, SessionFault};
 
 impl DockerSession {
@@ -30,11 +27,7 @@ impl DockerSession {
 
     /// The identities the sweep keeps besides the baseline: every live interpreter and relay.
     pub(super) fn interpreter_ids(&mut self) -> Vec<String> {
-        self.interpreters()
-            .iter()
-            .filter(|i| i.is_alive())
-            .flat_map(Interpreter::keep_ids)
-            .collect()
+        cells::keep_ids(self.interpreters())
     }
 
     /// The identities of every live interpreter (without the relays, which are plimsoll's).
@@ -48,20 +41,13 @@ impl DockerSession {
 
     /// Ends interpreters that died or were dropped, so a fresh one can be proven unique.
     pub(super) async fn forget_dead_interpreters(&mut self) {
-        let (alive, dead): (Vec<Interpreter>, Vec<Interpreter>) =
-            std::mem::take(self.interpreters())
-                .into_iter()
-                .partition(Interpreter::is_alive);
-        *self.interpreters() = alive;
+        cells::forget_dead(self.interpreters()).await;
         let live: Vec<CellLanguage> = self
             .interpreters()
             .iter()
             .map(Interpreter::language)
             .collect();
         self.unused.retain(|l| live.contains(l));
-        for interpreter in dead {
-            interpreter.close().await;
-        }
     }
 
     /// Holds the live interpreters stopped for a project call; answers the identities held
@@ -111,26 +97,19 @@ impl DockerSession {
 
     /// Ends every interpreter: their state is gone afterwards.
     pub(super) async fn end_interpreters(&mut self) -> bool {
-        let all = std::mem::take(self.interpreters());
         self.unused.clear();
-        let had = !all.is_empty();
-        for interpreter in all {
-            interpreter.close().await;
-        }
-        had
+        cells::end_all(self.interpreters()).await
     }
 
     /// Starts and proves an interpreter for each of `languages` before any guest code (a
     /// pool member's warm set, providers.md §9.8). Unknown names are skipped.
     pub(super) async fn warm(&mut self, languages: &[String]) -> Result<(), CellError> {
         for name in languages {
-            let language = match name.as_str() {
-                "javascript" => CellLanguage::JavaScript,
-                "python" => CellLanguage::Python,
-                _ => continue,
+            let Some(language) = CellLanguage::from_name(name) else {
+                continue;
             };
-            let guest = self.guest();
-            let fresh = Interpreter::launch(&self.engine, &self.id, language, &guest).await?;
+            let (exec, layout) = cell::target(&self.engine, &self.id, &self.guest());
+            let fresh = Interpreter::launch(exec, layout, language).await?;
             self.interpreters().push(fresh);
             self.unused.push(language);
         }
@@ -144,90 +123,19 @@ impl DockerSession {
 
     /// Runs one cell.
     pub(super) async fn run_cell(&mut self, call: CellCall) -> Result<CellOutcome, SessionFault> {
-        let language = match call.language.as_str() {
-            "javascript" => CellLanguage::JavaScript,
-            "python" => CellLanguage::Python,
-            other => {
-                return Err(Refusal::InvalidRequest(format!(
-                    "cell.language {other:?} is unknown: use javascript or python"
-                ))
-                .into());
-            }
-        };
-        if !self.languages.iter().any(|l| l == &call.language) {
-            return Err(Refusal::Unsupported(format!(
-                "the session image runs no {}; nothing ran",
-                call.language
-            ))
-            .into());
-        }
-        let began = Instant::now();
-        let deadline = began + call.timeout;
-        self.forget_dead_interpreters().await;
-        let mut started = false;
-        let found = self
-            .interpreters()
-            .iter()
-            .position(|i| i.language() == language);
-        let index = match found {
-            // A pool member's warm interpreter: fresh for its first cell.
-            Some(index) if self.unused.contains(&language) => {
-                self.unused.retain(|l| *l != language);
-                started = true;
-                index
-            }
-            Some(index) => index,
-            None => {
-                let guest = self.guest();
-                let launch = Interpreter::launch(&self.engine, &self.id, language, &guest);
-                let fresh = match tokio::time::timeout_at(deadline, launch).await {
-                    Ok(Ok(fresh)) => fresh,
-                    Ok(Err(e)) => return Err(refusal(e)),
-                    Err(_) => {
-                        return Err(refusal(CellError::Unsent {
-                            language: language.name(),
-                        }));
-                    }
-                };
-                started = true;
-                self.interpreters().push(fresh);
-                self.interpreters().len() - 1
-            }
-        };
-        let interpreter = &mut self.interpreters()[index];
-        let outcome = interpreter
-            .run(&call.files, &call.code, OUTPUT_CAP, OUTPUT_CAP, deadline)
-            .await
-            .map_err(refusal)?;
-        Ok(CellOutcome {
-            stdout: outcome.stdout,
-            stderr: outcome.stderr,
-            exit_code: outcome.exit_code,
-            timed_out: outcome.timed_out,
-            stdout_truncated: outcome.stdout_truncated,
-            stderr_truncated: outcome.stderr_truncated,
-            interpreter_started: started || outcome.interpreter_started,
-            interpreter_ended: outcome.interpreter_ended,
-            duration: began.elapsed(),
-        })
-    }
-}
-
-/// A cell error on the wire: only a lost interpreter may have run code.
-fn refusal(e: CellError) -> SessionFault {
-    match e {
-        CellError::FileRefused { index, errno } => SessionFault::Refused(Refusal::InvalidRequest(
-            format!("cell file {index} could not be written ({errno}); nothing ran"),
-        )),
-        CellError::Unsent { language } => SessionFault::Refused(Refusal::DeadlineBeforeDispatch(
-            format!("the {language} cell's deadline passed before its code was sent; nothing ran"),
-        )),
-        CellError::Launch { language, reason } | CellError::Unreachable { language, reason } => {
-            tracing::warn!(language, reason = %reason, "cell interpreter unavailable");
-            SessionFault::Refused(Refusal::Environment(format!(
-                "the {language} interpreter could not be started or reached; nothing ran"
-            )))
-        }
-        lost @ CellError::Lost { .. } => SessionFault::infrastructure(lost),
+        let language = cells::language(&call, &self.languages)?;
+        let target = cell::target(&self.engine, &self.id, &self.guest());
+        let interpreters = self
+            .interpreters
+            .get_mut()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        cells::run(
+            interpreters,
+            &mut self.unused,
+            || Ok(target),
+            language,
+            call,
+        )
+        .await
     }
 }

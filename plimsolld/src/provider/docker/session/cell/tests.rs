@@ -1,13 +1,16 @@
-//! Cells against a real session-shaped container (`exec::testbed`): the runtime comes from
-//! `PLIMSOLL_TEST_DOCKER_RUNTIME` (runc by default, or runsc).
+//! The provider-neutral cell machinery over docker, against a real session-shaped container
+//! (`exec::testbed`): the runtime comes from `PLIMSOLL_TEST_DOCKER_RUNTIME` (runc by default,
+//! or runsc).
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::time::Duration;
 
+use plimsoll::wire::ProjectFile;
 use tokio::time::Instant;
 
 use super::*;
 use crate::provider::docker::exec::testbed::Testbed;
+use crate::provider::guest::cell::CellOutcome;
 
 const CAP: usize = 64 * 1024;
 const NONCE_LEN: usize = 32;
@@ -32,7 +35,8 @@ fn soon(secs: u64) -> Instant {
 }
 
 async fn launch(bed: &Testbed, language: CellLanguage) -> Interpreter {
-    Interpreter::launch(&bed.engine, &bed.id, language, &guest())
+    let (exec, layout) = target(&bed.engine, &bed.id, &guest());
+    Interpreter::launch(exec, layout, language)
         .await
         .unwrap_or_else(|e| panic!("launch {language:?}: {e}"))
 }
@@ -330,8 +334,8 @@ async fn nothing_runs_past_the_deadline_and_a_second_interpreter_is_refused() {
     );
     assert!(!js.is_alive());
     // The proof requires the interpreter to be the only process with its command line.
-    let second =
-        Interpreter::launch(&bed.engine, &bed.id, CellLanguage::JavaScript, &guest()).await;
+    let (exec, layout) = target(&bed.engine, &bed.id, &guest());
+    let second = Interpreter::launch(exec, layout, CellLanguage::JavaScript).await;
     match second {
         Err(CellError::Launch { reason, .. }) => {
             assert!(reason.contains("command line"), "{reason}")

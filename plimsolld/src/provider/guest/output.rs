@@ -1,10 +1,11 @@
-//! A container's output, kept up to a cap per stream (providers.md §5.7), and the start marker
-//! that tells a guest's exit from docker's failure (§5.6, sharp edge 1).
+//! A guest's output, kept up to a cap per stream (providers.md §5.7), and the start marker that
+//! tells a guest's exit from its provider's failure (§5.6, sharp edge 1).
 //!
-//! Bytes past the cap are read and dropped, so the container never blocks on a full pipe, and
-//! the stream's flag records the loss; the kept prefix carries no marker of its own.
+//! Bytes past the cap are read and dropped, so the guest never blocks on a full pipe, and the
+//! stream's flag records the loss; the kept prefix carries no marker of its own.
 
-use super::settings::OUTPUT_CAP;
+/// Per-stream output cap.
+pub const OUTPUT_CAP: usize = 64 * 1024;
 
 /// A stream's kept bytes and whether any were dropped.
 pub type Kept = (Vec<u8>, bool);

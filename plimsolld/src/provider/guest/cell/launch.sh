@@ -1,12 +1,14 @@
-# plimsoll's cell launcher (providers.md §9.6). plimsolld runs it over `docker exec` as
+# plimsoll's cell launcher (providers.md §9.6). plimsolld runs it through the provider's exec
+# (on docker under `/usr/bin/env -i PATH=<fixed>`) as
 #
-#   /usr/bin/env -i PATH=<fixed> PLIMSOLL_INTERP_DIR=<dir> PLIMSOLL_WORK=/work \
-#       /bin/sh -c <this script> sh <start-script prefix…> <interpreter command…> <dir>
+#   PLIMSOLL_INTERP_DIR=<dir> PLIMSOLL_WORK=<work> \
+#       /bin/sh -c <this script> sh <provider prefix…> <interpreter command…> <dir>
 #
-# where the start-script prefix hands the interpreter the image environment (providers.md §5.5)
-# and ends in an exec, so the interpreter keeps the PID started here. It:
+# where the provider prefix (docker: the start script, which hands the interpreter the image
+# environment, providers.md §5.5) ends in an exec, so the interpreter keeps the PID started
+# here. It:
 #   1. removes the kernel directory, recreates it mode 700 and makes the FIFOs `out` and `err`;
-#   2. changes to the work directory;
+#   2. changes to the work directory (made first when missing);
 #   3. starts the command in a new session with stdin /dev/null and stdout and stderr on the
 #      FIFOs (opened read-write, so the open never blocks), in the background;
 #   4. polls every 50 ms, up to 400 times, until <dir>/ready holds exactly the child's PID;
@@ -21,6 +23,7 @@ rm -rf "$dir" || exit 2
 mkdir -p "${dir%/*}" || exit 2
 mkdir -m 700 "$dir" || exit 2
 mkfifo -m 600 "$dir/out" "$dir/err" || exit 2
+mkdir -p "$PLIMSOLL_WORK" || exit 2
 cd "$PLIMSOLL_WORK" || exit 2
 setsid "$@" </dev/null 1<>"$dir/out" 2<>"$dir/err" &
 child=$!

@@ -1,13 +1,15 @@
-// plimsoll's cell identity check (providers.md §9.6), run over `docker exec` as uid+1 (the
-// checker identity, which no session process has) as
+// plimsoll's cell identity check (providers.md §9.6), run by an identity no session process
+// can reach (docker: uid+1; e2b: root) as
 //
-//   node -e <this file> <interpreter pid:starttime:cmdlinehex> <relay pid:starttime:cmdlinehex>
+//   node -e <this file> <interpreter pid:starttime:cmdlinehex> <relay pid:starttime:cmdlinehex> \
+//       <outside|root>
 //
 // It scans /proc and confirms that the interpreter is live with that start time and command
 // line and is the only live process with that command line, and that the relay is live with its
-// start time and command line and has parent PID 0 (only a `docker exec` child has one inside
-// the container). It prints {"ok":true} or {"error":"…"} and exits 0; anything else is a
-// failure.
+// start time and command line and that its parent is what the provider's exec gives: PID 0
+// (`outside`: only a `docker exec` child has one inside the container) or a live process of
+// uid 0 (`root`: e2b's envd; no session process can start one). It prints {"ok":true} or
+// {"error":"…"} and exits 0; anything else is a failure.
 (function check() {
   'use strict';
   const fs = require('fs');
@@ -37,6 +39,19 @@
     return p !== null && p.state !== 'Z' && p.state !== 'X';
   }
 
+  // Whether pid is a live process whose real, effective, saved and filesystem uids are all 0.
+  function rootOwned(pid) {
+    if (!live(read(pid))) return false;
+    let status;
+    try {
+      status = fs.readFileSync(`/proc/${pid}/status`, 'latin1');
+    } catch {
+      return false;
+    }
+    const ids = /^Uid:\s+(.*)$/m.exec(status);
+    return ids !== null && ids[1].trim().split(/\s+/).every((id) => id === '0');
+  }
+
   function verdict() {
     const interp = parse(process.argv[1]);
     const relay = parse(process.argv[2]);
@@ -49,7 +64,11 @@
     if (!live(r) || r.start !== relay.start || r.cmdline !== relay.cmdline) {
       return `relay ${relay.pid} is not live with the reported start time and command line`;
     }
-    if (r.ppid !== '0') return `relay ${relay.pid} has parent ${r.ppid}, not 0`;
+    if (process.argv[3] === 'root') {
+      if (!rootOwned(r.ppid)) return `relay ${relay.pid} has parent ${r.ppid}, not a root process`;
+    } else if (r.ppid !== '0') {
+      return `relay ${relay.pid} has parent ${r.ppid}, not 0`;
+    }
     for (const name of fs.readdirSync('/proc')) {
       if (!/^[0-9]+$/.test(name) || name === interp.pid) continue;
       const p = read(name);

@@ -1,14 +1,15 @@
-//! Notebook cells in a docker session (providers.md §9.6, wire.md §7.4): one live interpreter
-//! per language per session, whose state carries from one cell to the next.
+//! Notebook cells in a session (providers.md §9.6, wire.md §7.4), on any provider that
+//! implements [`GuestExec`]: one live interpreter per language per session, whose state carries
+//! from one cell to the next.
 //!
 //! An [`Interpreter`] is a kernel process (`node --expose-internals` or `python3 -I`) started
 //! by the launcher script in its own session with its output on two FIFOs, plus a relay
-//! program (Node, under the runner guard) that the daemon holds over an attached `docker
-//! exec`. Both are proven at launch (see [`launch`]): the daemon never trusts a PID a session
-//! process could have made up. Per cell, the daemon and the relay speak one JSON line at a
-//! time, every relay frame carrying the cell's random nonce:
+//! program (Node, under the runner guard) that the daemon holds over a long-lived command
+//! ([`GuestExec::start`]). Both are proven at launch (see [`launch`]): the daemon never trusts
+//! a PID a session process could have made up. Per cell, the daemon and the relay speak one
+//! JSON line at a time, every relay frame carrying the cell's random nonce:
 //!
-//! 1. prepare: the files are written under `/work` (links refused) and the relay connects to
+//! 1. prepare: the files are written under the work directory (links refused) and the relay connects to
 //!    the kernel's control socket; nothing has run yet, so a failure here is a refusal;
 //! 2. run: the code goes to the kernel, which brackets the cell's output with markers that
 //!    carry the nonce; the relay forwards only what lies between them, capped, in pieces;
@@ -25,38 +26,26 @@
 //!
 //! The files here: [`launch`] (launcher, relay, identity check; with the scripts it embeds),
 //! [`frames`] (the relay's frames as the host reads them), [`identity`]
-//! (`pid:starttime:cmdlinehex`).
+//! (`pid:starttime:cmdlinehex`). A provider supplies a [`GuestExec`] and a [`Layout`];
+//! [`super::cells`] keeps a session's interpreters.
 
-pub(in crate::provider::docker) mod frames;
-pub(in crate::provider::docker) mod identity;
+pub mod frames;
+pub mod identity;
 mod launch;
-#[cfg(test)]
-mod tests;
 
-/// What cells on openshell share with these: the scripts, the relay's frames, the identities.
-#[cfg(feature = "openshell")]
-pub(crate) mod shared {
-    pub(crate) use super::frames::{Frame, FrameError, Lines, QUEUE};
-    pub(crate) use super::launch::{
-        CHECK_JS, END_JS, ENV_INTERP_DIR, ENV_WORK, LAUNCH_SCRIPT, RELAY_JS,
-    };
-    pub(crate) use super::{CellError, CellLanguage, CellOutcome, ProcessId};
-}
-
-use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use plimsoll::wire::ProjectFile;
 use serde_json::json;
-use tokio::io::{AsyncWrite, AsyncWriteExt};
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 
 use self::frames::{Frame, FrameError};
 pub use self::identity::ProcessId;
-use crate::provider::docker::engine::Engine;
-use crate::provider::docker::output::Capped;
+pub use self::launch::{CHECK_JS, END_JS, KERNEL_JS, KERNEL_PY, LAUNCH_SCRIPT, RELAY_JS};
+use super::output::Capped;
+use super::{GuestExec, HeldInput};
 
 /// A cell language the session image may run.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -67,13 +56,46 @@ pub enum CellLanguage {
     Python,
 }
 
-/// Who the guest processes run as, and the environment the image asked for.
+/// How one provider lays cells out in its guest: what the launcher, the relay and the check
+/// run as and where. The provider builds it per launch.
 #[derive(Debug, Clone)]
-pub struct Guest {
-    /// The guest uid (also the gid); uid+1 is the checker identity.
-    pub uid: u32,
-    /// The verified image `Config.Env`, as `NAME=value` entries (providers.md §5.5).
-    pub image_env: Vec<String>,
+pub struct Layout {
+    /// Where cells run and files land; the launcher makes it when it is missing.
+    pub work: String,
+    /// The guest user (in the provider's terms): the launcher, interpreter, relay and ender.
+    pub user: String,
+    /// Who runs the identity check.
+    pub checker: Checker,
+    /// What execs the interpreter's argv after the launch script, ending in an `exec` with the
+    /// runner guard preloaded (docker: the start script with the image environment; elsewhere
+    /// `env LD_PRELOAD=…`). The interpreter must keep the launcher's child PID.
+    pub interpreter_prefix: Vec<String>,
+    /// The runner guard library in the guest, preloaded into the relay (and a guarded check);
+    /// `None` where the guest has none (e2b's template).
+    pub guard: Option<String>,
+    /// What the relay's parent must be for the check to accept it.
+    pub relay_parent: RelayParent,
+}
+
+/// The relay's parent as the identity check requires it: proof that the provider's exec agent
+/// started the relay, not a session process.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RelayParent {
+    /// PID 0: started from outside the guest's PID namespace (`docker exec`, the gateway).
+    Outside,
+    /// A live process of uid 0 (e2b's envd): no session process can start one.
+    Root,
+}
+
+/// Who runs the identity check. It must be out of reach of every session process, or its
+/// verdict proves nothing.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Checker {
+    /// A user no session process has (docker: uid+1; e2b: root).
+    User(String),
+    /// The guest user under the runner guard (non-dumpable), where the provider cannot choose a
+    /// user and the sandbox was proven to have Yama `ptrace_scope >= 1` (openshell).
+    GuardedGuest,
 }
 
 /// What one cell did. Exit 0 ran, 1 raised (the error is on stderr), 124 hit the deadline.
@@ -126,21 +148,20 @@ pub enum CellError {
     },
 }
 
-/// One live interpreter and its relay, for one language in one session container.
+/// One live interpreter and its relay, for one language in one session's guest.
 ///
 /// Not `Clone`: a session holds at most one per language. Dropping it stops reading the relay
-/// and closes the relay's stdin, which ends the relay; the interpreter is left to the sweep
-/// (or ended by [`Interpreter::close`]).
+/// and lets go of the relay's command, which ends the relay; the interpreter is left to the
+/// sweep (or ended by [`Interpreter::close`]).
 pub struct Interpreter {
-    engine: Engine,
-    container: String,
+    exec: Arc<dyn GuestExec>,
+    layout: Layout,
     language: CellLanguage,
-    guest: Guest,
     interpreter: ProcessId,
     relay: Option<ProcessId>,
     /// The relay's stdin. Only ever used through `&mut self` (`get_mut`, no locking); the
     /// mutex makes the interpreter `Sync`, so a session can hold `&Interpreter` across awaits.
-    stdin: tokio::sync::Mutex<Pin<Box<dyn AsyncWrite + Send>>>,
+    stdin: tokio::sync::Mutex<Box<dyn HeldInput>>,
     frames: mpsc::Receiver<Result<Frame, FrameError>>,
     reader: tokio::task::JoinHandle<()>,
     alive: Arc<AtomicBool>,
@@ -159,34 +180,18 @@ enum Next {
     Deadline,
 }
 
-// === impl Guest ===
-
-impl Guest {
-    /// `uid:gid` of the guest.
-    pub fn user(&self) -> String {
-        format!("{0}:{0}", self.uid)
-    }
-
-    /// `uid:gid` of the checker (uid+1).
-    pub fn checker_user(&self) -> String {
-        let checker = self.uid.saturating_add(1);
-        format!("{checker}:{checker}")
-    }
-}
-
 // === impl Interpreter ===
 
 impl Interpreter {
-    /// Starts this language's interpreter and relay in `container_id` and proves both (within
-    /// about 40 s; wrap it in a timeout to bound it further). A live interpreter of the same
-    /// language must be ended first: the proof requires it to be the only one.
+    /// Starts this language's interpreter and relay in the guest `exec` reaches and proves
+    /// both (within about 40 s; wrap it in a timeout to bound it further). A live interpreter
+    /// of the same language must be ended first: the proof requires it to be the only one.
     pub async fn launch(
-        engine: &Engine,
-        container_id: &str,
+        exec: Arc<dyn GuestExec>,
+        layout: Layout,
         language: CellLanguage,
-        guest: &Guest,
     ) -> Result<Interpreter, CellError> {
-        launch::launch(engine, container_id, language, guest).await
+        launch::launch(exec, layout, language).await
     }
 
     /// Runs one cell: writes `files` under `/work`, then runs `code`, keeping `out_cap` and
@@ -263,11 +268,13 @@ impl Interpreter {
 
     async fn end(&mut self) {
         self.drop_interpreter();
-        let _ = self.stdin.get_mut().shutdown().await;
+        self.stdin.get_mut().close().await;
+        // Dropping the relay's output lets go of its command (openshell kills it then).
+        self.reader.abort();
         let ids: Vec<ProcessId> = std::iter::once(self.interpreter.clone())
             .chain(self.relay.clone())
             .collect();
-        launch::end(&self.engine, &self.container, &self.guest.user(), &ids).await;
+        launch::end(self.exec.as_ref(), &self.layout, &ids).await;
     }
 
     fn drop_interpreter(&self) {
@@ -276,7 +283,7 @@ impl Interpreter {
 
     async fn relaunch(&mut self, deadline: Instant) -> Result<(), CellError> {
         self.end().await;
-        let fresh = Interpreter::launch(&self.engine, &self.container, self.language, &self.guest);
+        let fresh = Interpreter::launch(Arc::clone(&self.exec), self.layout.clone(), self.language);
         match tokio::time::timeout_at(deadline, fresh).await {
             Ok(fresh) => {
                 *self = fresh?;
@@ -291,11 +298,7 @@ impl Interpreter {
     async fn send(&mut self, line: &serde_json::Value, deadline: Instant) -> Result<(), String> {
         let mut bytes = line.to_string().into_bytes();
         bytes.push(b'\n');
-        let stdin = self.stdin.get_mut();
-        let write = async {
-            stdin.write_all(&bytes).await?;
-            stdin.flush().await
-        };
+        let write = self.stdin.get_mut().write(bytes);
         match tokio::time::timeout_at(deadline, write).await {
             Ok(Ok(())) => Ok(()),
             Ok(Err(e)) => Err(format!("writing to the relay: {e}")),

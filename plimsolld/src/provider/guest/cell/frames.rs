@@ -10,7 +10,7 @@ use base64::Engine as _;
 use serde_json::Value;
 use tokio::sync::mpsc;
 
-use crate::provider::docker::exec::AttachedStdout;
+use crate::provider::guest::HeldOutput;
 
 /// The longest frame line accepted.
 pub const MAX_FRAME: usize = 128 * 1024;
@@ -43,7 +43,7 @@ pub enum Frame {
 /// Why the relay's stream ended.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum FrameError {
-    /// The relay's output ended (it exited, or docker dropped the exec).
+    /// The relay's output ended (it exited, or the provider dropped its command).
     #[error("the relay's output ended")]
     Ended,
     /// A line longer than [`MAX_FRAME`].
@@ -156,7 +156,7 @@ impl Lines {
 /// Reads the relay's frames into a queue of [`QUEUE`] until its stream ends or breaks the
 /// protocol; the last item is then the error, and `alive` turns false.
 pub fn spawn_reader(
-    mut stdout: AttachedStdout,
+    mut stdout: Box<dyn HeldOutput>,
     alive: Arc<AtomicBool>,
 ) -> (
     mpsc::Receiver<Result<Frame, FrameError>>,
