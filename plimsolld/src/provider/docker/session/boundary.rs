@@ -17,6 +17,7 @@ use tokio::time::Instant;
 use super::super::engine::Engine;
 use super::super::exec::{self, ExecSpec};
 use super::super::project::GUARD;
+use super::agent::Agent;
 use super::container::{SLEEP_ARGV, end_for};
 use crate::provider::SessionFault;
 use plimsoll::refusal::Refusal;
@@ -86,16 +87,29 @@ pub(crate) fn check_baseline(listed: &[Listed]) -> Result<Vec<String>, String> {
     }
 }
 
-/// The sweep after a call; `Ok` only on a clean exit.
-pub(in crate::provider::docker) async fn sweep(
+/// The sweep after a call, run by the session's agent in-container; `Ok` only on a clean
+/// result. An agent that does not answer (its stream ended, a frame that does not parse, late)
+/// ends the session as an unproven boundary does.
+pub(super) async fn agent_sweep(
     engine: &Engine,
     container: &str,
-    user: &str,
+    agent: &mut Agent,
     disk_mb: u32,
     keep: &[String],
 ) -> Result<(), SessionFault> {
-    let ran = launch(engine, container, user, disk_mb, keep).await;
-    judge(engine, container, ran.map_err(|e| e.to_string())).await
+    let disk_bytes = u64::from(disk_mb) * 1024 * 1024;
+    let mounts: Vec<&str> = MOUNTS.split(',').collect();
+    let exit = match agent
+        .sweep(disk_bytes, &mounts, keep, Instant::now() + BUDGET)
+        .await
+    {
+        Ok(code) => Some(i64::from(code)),
+        Err(e) => {
+            tracing::warn!(error = %e, "session agent did not sweep");
+            None
+        }
+    };
+    judge_exit(engine, container, exit).await
 }
 
 /// The sweep before a project call (providers.md §9.3), or before a granted call under gVisor:
@@ -240,6 +254,15 @@ async fn judge(
             None
         }
     };
+    judge_exit(engine, container, exit).await
+}
+
+/// What a sweep's exit code (`None`: it did not finish) means for the session.
+async fn judge_exit(
+    engine: &Engine,
+    container: &str,
+    exit: Option<i64>,
+) -> Result<(), SessionFault> {
     match exit {
         Some(0) => Ok(()),
         Some(10) | Some(11) => Err(SessionFault::ended(

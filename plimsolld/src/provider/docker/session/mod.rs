@@ -12,6 +12,7 @@
 //! - cells ([`cells`], with the [`cell`] machinery): one interpreter per language, kept
 //!   across calls, spared by the sweep and held stopped through a project call.
 
+mod agent;
 pub(crate) mod boundary;
 mod calls;
 pub mod cell;
@@ -62,6 +63,9 @@ pub struct DockerSession {
     /// Interpreters a pool member warmed that no cell has used yet: the first cell in each
     /// still starts fresh (`interpreter_started`).
     unused: Vec<cell::CellLanguage>,
+    /// The session's agent, which sweeps after each call (started after the baseline). Behind
+    /// a mutex only so the session is `Sync`; every use goes through `&mut self`.
+    agent: std::sync::Mutex<Option<agent::Agent>>,
 }
 
 /// Opens a session for `open` (providers.md §9.1): a warm pool member when one matches (no
@@ -143,6 +147,7 @@ pub(super) async fn make(
             .unwrap_or_default(),
         interpreters: std::sync::Mutex::new(Vec::new()),
         unused: Vec::new(),
+        agent: std::sync::Mutex::new(None),
     };
     match session.create_and_prove(body).await {
         Ok(()) => Ok(session),
@@ -255,6 +260,16 @@ impl DockerSession {
         container::verify(&inspected, &self.image.id)?;
         self.snapshot = container::snapshot(&inspected);
         self.keep = boundary::baseline(&self.engine, &self.id, &self.settings.user()).await?;
+        // The agent joins the keep set: the quiesce and hold programs, run as the guest, must
+        // neither try nor fail to end it.
+        let agent = agent::Agent::start(&self.engine, &self.id, self.settings.guest_uid)
+            .await
+            .map_err(|e| e.to_string())?;
+        self.keep.push(agent.id().to_owned());
+        *self
+            .agent
+            .get_mut()
+            .map_err(|_| "the agent's lock is poisoned".to_owned())? = Some(agent);
         Ok(())
     }
 }
@@ -358,14 +373,18 @@ impl SessionSandbox for DockerSession {
         self.forget_dead_interpreters().await;
         let mut keep = self.keep.clone();
         keep.extend(self.interpreter_ids());
-        boundary::sweep(
-            &self.engine,
-            &self.id,
-            &self.settings.user(),
-            self.disk_mb,
-            &keep,
-        )
-        .await
+        let Some(agent) = self.agent.get_mut().ok().and_then(Option::as_mut) else {
+            return Err(SessionFault::ended(
+                SessionEnd::SESSION_END_BOUNDARY_FAILED,
+                "the session's agent is gone",
+            ));
+        };
+        let swept = boundary::agent_sweep(&self.engine, &self.id, agent, self.disk_mb, &keep).await;
+        if swept.is_err() {
+            // The session ends: its agent goes with it (never a retry).
+            self.agent.get_mut().ok().map(Option::take);
+        }
+        swept
     }
 
     async fn suspend(&mut self) -> Result<(), SessionFault> {

@@ -1,0 +1,187 @@
+//! The session agent (providers.md §9.4): one kept process per session container that runs
+//! the sweep in-container, so a call's boundary costs no `docker exec` and no interpreter start.
+//!
+//! It is started once, right after the baseline, by one `docker exec` as root whose stdin and
+//! stdout the daemon holds for the session's life. The runner guard moves it to uid+1 (keeping
+//! only `CAP_SETUID`/`CAP_SETGID`) and makes it non-dumpable before node runs: no guest process
+//! can signal it, trace it, or open its `/proc` entries and so its pipes. Only the daemon writes
+//! its stdin and only the agent writes its stdout, so an answer needs no key; a stream that
+//! ends, a line that does not parse or an answer that is late ends the session, never a retry.
+
+use std::time::Duration;
+
+use serde::Deserialize;
+use tokio::io::AsyncWriteExt;
+use tokio::time::Instant;
+
+use super::super::engine::Engine;
+use super::super::exec::{self, Attached};
+use super::super::project::GUARD;
+use super::cell::shared::Lines;
+
+/// The agent program, run with `node -e` under the guard.
+const AGENT: &str = include_str!("agent.js");
+/// The user the agent's exec starts as; the guard moves it to uid+1 before node runs.
+const ROOT: &str = "0:0";
+/// The guard's variable naming the guest identity the agent moves away from.
+const ENV_GUEST_ID: &str = "PLIMSOLL_GUEST_ID";
+/// Agent stderr kept for the log.
+const STDERR_CAP: usize = 4096;
+/// How long the agent may take to start and say it is ready.
+const START_BUDGET: Duration = Duration::from_secs(30);
+
+/// Why the agent failed; every one ends the session (or fails its open).
+#[derive(Debug, thiserror::Error)]
+pub(super) enum AgentError {
+    #[error("the agent could not be started: {0}")]
+    Start(#[from] exec::ExecError),
+    #[error("the agent's stream ended")]
+    Ended,
+    #[error("the agent did not answer in time")]
+    Late,
+    #[error("the agent's stream broke its framing: {0}")]
+    Framing(String),
+    #[error("the agent's request could not be written: {0}")]
+    Write(std::io::Error),
+    #[error("the agent answered a frame that is not the one asked for")]
+    Unexpected,
+    #[error("the agent runs as uid {0}, which is not the keeper uid {1}")]
+    Uid(u32, u32),
+}
+
+/// The first frame.
+#[derive(Deserialize)]
+struct Ready {
+    op: String,
+    id: String,
+    uid: u32,
+}
+
+/// A sweep's answer.
+#[derive(Deserialize)]
+struct Swept {
+    op: String,
+    exit: i32,
+}
+
+/// The held agent of one session container.
+pub(super) struct Agent {
+    attached: Attached,
+    lines: Lines,
+    /// The agent's identity (`pid:starttime:cmdlinehex`), part of the keep set.
+    id: String,
+}
+
+impl Agent {
+    /// Starts the agent in `container` for the guest `uid` (gid the same) and waits for its
+    /// ready frame; it must run as uid+1.
+    pub(super) async fn start(
+        engine: &Engine,
+        container: &str,
+        uid: u32,
+    ) -> Result<Agent, AgentError> {
+        let env = [
+            format!("{ENV_GUEST_ID}={uid}:{uid}"),
+            format!("LD_PRELOAD={GUARD}"),
+        ];
+        let command = [
+            "node".to_owned(),
+            "-e".to_owned(),
+            AGENT.to_owned(),
+            uid.to_string(),
+        ];
+        let argv = exec::env_argv(&env, &command);
+        let attached = exec::attach(engine, container, &argv, ROOT, None, STDERR_CAP).await?;
+        let mut agent = Agent {
+            attached,
+            lines: Lines::default(),
+            id: String::new(),
+        };
+        let line = agent.next_line(Instant::now() + START_BUDGET).await?;
+        let ready: Ready =
+            serde_json::from_slice(&line).map_err(|e| AgentError::Framing(e.to_string()))?;
+        let keeper = uid.saturating_add(1);
+        if ready.op != "ready" {
+            return Err(AgentError::Unexpected);
+        }
+        if ready.uid != keeper {
+            return Err(AgentError::Uid(ready.uid, keeper));
+        }
+        agent.id = ready.id;
+        Ok(agent)
+    }
+
+    /// The agent's identity.
+    pub(super) fn id(&self) -> &str {
+        &self.id
+    }
+
+    /// One sweep (see agent.js): answers its exit code, sweep.js's.
+    pub(super) async fn sweep(
+        &mut self,
+        disk_bytes: u64,
+        mounts: &[&str],
+        keep: &[String],
+        deadline: Instant,
+    ) -> Result<i32, AgentError> {
+        let request = serde_json::json!({
+            "op": "sweep",
+            "disk": disk_bytes.to_string(),
+            "mounts": mounts,
+            "keep": keep,
+        });
+        self.send(&request, deadline).await?;
+        let line = self.next_line(deadline).await?;
+        let swept: Swept =
+            serde_json::from_slice(&line).map_err(|e| AgentError::Framing(e.to_string()))?;
+        if swept.op != "sweep" {
+            return Err(AgentError::Unexpected);
+        }
+        Ok(swept.exit)
+    }
+
+    async fn send(
+        &mut self,
+        request: &serde_json::Value,
+        deadline: Instant,
+    ) -> Result<(), AgentError> {
+        let mut line = request.to_string().into_bytes();
+        line.push(b'\n');
+        let write = async {
+            self.attached.stdin.write_all(&line).await?;
+            self.attached.stdin.flush().await
+        };
+        match tokio::time::timeout_at(deadline, write).await {
+            Ok(Ok(())) => Ok(()),
+            Ok(Err(e)) => Err(AgentError::Write(e)),
+            Err(_) => Err(AgentError::Late),
+        }
+    }
+
+    /// The next complete line; more than one pending line is a framing error (the agent
+    /// answers exactly once per request).
+    async fn next_line(&mut self, deadline: Instant) -> Result<Vec<u8>, AgentError> {
+        loop {
+            let bytes = match tokio::time::timeout_at(deadline, self.attached.stdout.next()).await {
+                Ok(Some(bytes)) => bytes,
+                Ok(None) => {
+                    let stderr = String::from_utf8_lossy(self.attached.stdout.stderr());
+                    if !stderr.is_empty() {
+                        tracing::debug!(agent_stderr = %stderr, "session agent ended");
+                    }
+                    return Err(AgentError::Ended);
+                }
+                Err(_) => return Err(AgentError::Late),
+            };
+            let mut lines = self
+                .lines
+                .push(&bytes)
+                .map_err(|e| AgentError::Framing(e.to_string()))?;
+            match lines.len() {
+                0 => continue,
+                1 => return Ok(lines.remove(0)),
+                _ => return Err(AgentError::Framing("more than one answer".to_owned())),
+            }
+        }
+    }
+}
