@@ -17,7 +17,7 @@
 //   {"op":"sweep","exit":0|1|10|11}
 // with sweep.js's exit codes: 0 clean; 10 over the disk budget; 11 a mount could not be
 // measured; 1 the boundary could not be proven within 50 rounds. A request it cannot read ends
-// it (plimsolld then ends the session).
+// it (plimsolld then ends the session). agent_project.js adds project calls.
 "use strict";
 const fs = require("fs");
 
@@ -145,21 +145,19 @@ function answer(frame) {
     fs.writeSync(1, JSON.stringify(frame) + "\n");
 }
 
-function handle(line) {
-    const request = JSON.parse(line);
-    if (request.op === "sweep") {
-        answer({ op: "sweep", exit: sweep(request) });
-    } else {
-        throw new Error("unknown request");
-    }
-}
+// The requests by `op`; agent_project.js, put after this file, adds `project`.
+const requests = {
+    sweep: async (request) => answer({ op: "sweep", exit: sweep(request) }),
+};
 
 if (!Number.isInteger(guestUid) || guestUid <= 0 || process.getuid() === guestUid) {
     process.exit(2);
 }
 answer({ op: "ready", id: identity(process.pid, statFields(process.pid)), uid: process.getuid() });
 
+// One request at a time, in order: the daemon sends the next only after the answer.
 let pending = "";
+let queue = Promise.resolve();
 process.stdin.setEncoding("utf8");
 process.stdin.on("data", (chunk) => {
     pending += chunk;
@@ -167,11 +165,12 @@ process.stdin.on("data", (chunk) => {
     while ((at = pending.indexOf("\n")) >= 0) {
         const line = pending.slice(0, at);
         pending = pending.slice(at + 1);
-        try {
-            handle(line);
-        } catch {
-            process.exit(3);
-        }
+        queue = queue.then(async () => {
+            const request = JSON.parse(line);
+            const run = Object.hasOwn(requests, request.op) ? requests[request.op] : null;
+            if (run === null) throw new Error("unknown request");
+            await run(request);
+        }).catch(() => process.exit(3));
     }
 });
-process.stdin.on("end", () => process.exit(0));
+process.stdin.on("end", () => queue.then(() => process.exit(0)));

@@ -17,16 +17,20 @@ use tokio::time::Instant;
 use super::super::engine::Engine;
 use super::super::exec::{self, Attached};
 use super::super::project::GUARD;
-use super::cell::shared::Lines;
+use base64::Engine as _;
 
-/// The agent program, run with `node -e` under the guard.
-const AGENT: &str = include_str!("agent.js");
+/// The agent program, run with `node -e` under the guard: the sweep, then project calls.
+const AGENT: &str = concat!(include_str!("agent.js"), include_str!("agent_project.js"));
 /// The user the agent's exec starts as; the guard moves it to uid+1 before node runs.
 const ROOT: &str = "0:0";
 /// The guard's variable naming the guest identity the agent moves away from.
 const ENV_GUEST_ID: &str = "PLIMSOLL_GUEST_ID";
 /// Agent stderr kept for the log.
 const STDERR_CAP: usize = 4096;
+/// The longest answer line: a project call's runner output, base64, with its frame.
+const MAX_LINE: usize = super::super::runner::STDOUT_CAP / 3 * 4 + 64 * 1024;
+/// Where the agent runs: not `/work`, which a guest may close to others.
+const AGENT_DIR: &str = "/";
 /// How long the agent may take to start and say it is ready.
 const START_BUDGET: Duration = Duration::from_secs(30);
 
@@ -57,6 +61,13 @@ struct Ready {
     uid: u32,
 }
 
+/// A project call's answer.
+#[derive(Deserialize)]
+struct Projected {
+    op: String,
+    stdout: String,
+}
+
 /// A sweep's answer.
 #[derive(Deserialize)]
 struct Swept {
@@ -67,7 +78,8 @@ struct Swept {
 /// The held agent of one session container.
 pub(super) struct Agent {
     attached: Attached,
-    lines: Lines,
+    /// Answer bytes read past the last complete line.
+    partial: Vec<u8>,
     /// The agent's identity (`pid:starttime:cmdlinehex`), part of the keep set.
     id: String,
 }
@@ -91,10 +103,11 @@ impl Agent {
             uid.to_string(),
         ];
         let argv = exec::env_argv(&env, &command);
-        let attached = exec::attach(engine, container, &argv, ROOT, None, STDERR_CAP).await?;
+        let attached =
+            exec::attach(engine, container, &argv, ROOT, Some(AGENT_DIR), STDERR_CAP).await?;
         let mut agent = Agent {
             attached,
-            lines: Lines::default(),
+            partial: Vec::new(),
             id: String::new(),
         };
         let line = agent.next_line(Instant::now() + START_BUDGET).await?;
@@ -140,6 +153,29 @@ impl Agent {
         Ok(swept.exit)
     }
 
+    /// One project call: `input` is what the runner reads on stdin (key line, then plan);
+    /// answers what the runner would have printed.
+    pub(super) async fn project(
+        &mut self,
+        input: &[u8],
+        deadline: Instant,
+    ) -> Result<Vec<u8>, AgentError> {
+        let request = serde_json::json!({
+            "op": "project",
+            "input": base64::engine::general_purpose::STANDARD.encode(input),
+        });
+        self.send(&request, deadline).await?;
+        let line = self.next_line(deadline).await?;
+        let projected: Projected =
+            serde_json::from_slice(&line).map_err(|e| AgentError::Framing(e.to_string()))?;
+        if projected.op != "project" {
+            return Err(AgentError::Unexpected);
+        }
+        base64::engine::general_purpose::STANDARD
+            .decode(projected.stdout)
+            .map_err(|e| AgentError::Framing(e.to_string()))
+    }
+
     async fn send(
         &mut self,
         request: &serde_json::Value,
@@ -158,8 +194,8 @@ impl Agent {
         }
     }
 
-    /// The next complete line; more than one pending line is a framing error (the agent
-    /// answers exactly once per request).
+    /// The next complete line; bytes past it are a framing error (the agent answers exactly
+    /// once per request, and only after it was asked).
     async fn next_line(&mut self, deadline: Instant) -> Result<Vec<u8>, AgentError> {
         loop {
             let bytes = match tokio::time::timeout_at(deadline, self.attached.stdout.next()).await {
@@ -173,14 +209,19 @@ impl Agent {
                 }
                 Err(_) => return Err(AgentError::Late),
             };
-            let mut lines = self
-                .lines
-                .push(&bytes)
-                .map_err(|e| AgentError::Framing(e.to_string()))?;
-            match lines.len() {
-                0 => continue,
-                1 => return Ok(lines.remove(0)),
-                _ => return Err(AgentError::Framing("more than one answer".to_owned())),
+            self.partial.extend_from_slice(&bytes);
+            if let Some(at) = self.partial.iter().position(|b| *b == b'\n') {
+                if at + 1 != self.partial.len() {
+                    return Err(AgentError::Framing("more than one answer".to_owned()));
+                }
+                let mut line = std::mem::take(&mut self.partial);
+                line.truncate(at);
+                return Ok(line);
+            }
+            if self.partial.len() > MAX_LINE {
+                return Err(AgentError::Framing(
+                    "an answer longer than allowed".to_owned(),
+                ));
             }
         }
     }

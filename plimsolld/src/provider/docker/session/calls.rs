@@ -11,7 +11,7 @@ use super::super::DockerError;
 use super::super::container::{EXIT_TIMED_OUT, Finished, random_hex};
 use super::super::exec::{self, ExecOutcome, ExecSpec};
 use super::super::lockdown::START_SCRIPT;
-use super::super::project::{self, GUARD, REPORT_GRACE, RUNNER};
+use super::super::project::{self, REPORT_GRACE};
 use super::super::runner::{self, ReportKey};
 use super::super::settings::OUTPUT_CAP;
 use super::DockerSession;
@@ -19,12 +19,9 @@ use super::container::end_for;
 use crate::grant::GuestGrant;
 use crate::provider::{ProjectPlan, ProjectReport, SessionFault, SnippetOutcome};
 
-/// The runner's `/proc` entries a step must fail to open in a session. The runner is
-/// exec'd as the guest uid there (a running container cannot gain the runner's identity),
-/// so only non-dumpability protects it: gVisor keeps `mem` from a non-dumpable process but
-/// not its `fd/*` or `environ`, and the key lives only in memory.
-const PROC_CHECKS_RUNC: &[&str] = &["fd/0", "fd/1", "mem", "environ"];
-const PROC_CHECKS_RUNSC: &[&str] = &["mem"];
+/// The agent's `/proc` entries a step must fail to open, under runc and gVisor alike: the
+/// agent runs as uid+1 and non-dumpable, every step as the guest uid.
+const PROC_CHECKS: &[&str] = &["fd/0", "fd/1", "mem", "environ"];
 
 /// A command through the start script, with its marker, as an `env -i` argv.
 fn started(marker: &str, env: &[String], command: &[&str]) -> Vec<String> {
@@ -149,43 +146,40 @@ impl DockerSession {
         })
     }
 
-    /// A project: the runner with the key and plan on stdin, its report read as a one-shot
-    /// run's is (`project::classify`).
+    /// A project: the agent runs the runner's role with the key and plan (steps as the guest
+    /// uid, the agent as uid+1), its output read as a one-shot runner's is
+    /// (`project::classify`). An agent that does not answer ends the session.
     pub(super) async fn run_project(
-        &self,
+        &mut self,
         plan: ProjectPlan,
     ) -> Result<ProjectReport, SessionFault> {
         let budget = plan.timeout.min(project::MAX_TIMEOUT);
         let key = ReportKey::fresh();
-        let proc_checks = if self.settings.runtime.is_runsc() {
-            PROC_CHECKS_RUNSC
-        } else {
-            PROC_CHECKS_RUNC
-        };
         let host_sdk = plan.grant.as_deref().map(crate::grant::host_client::node);
         let runner_plan =
-            project::runner_plan(&plan, &self.image, budget, proc_checks, host_sdk.as_deref());
+            project::runner_plan(&plan, &self.image, budget, PROC_CHECKS, host_sdk.as_deref());
         let stdin = runner::stdin(&key, &runner_plan)
             .map_err(|e| SessionFault::infrastructure(DockerError::Plan(e)))?;
-        let marker = format!("plimsoll-started:{}", random_hex());
-        let guard = format!("LD_PRELOAD={GUARD}");
-        let argv = started(&marker, &[guard], &["node", RUNNER]);
-        let ran = self
-            .exec_started(
-                &marker,
-                &argv,
-                &stdin,
-                runner::STDOUT_CAP,
-                budget + REPORT_GRACE,
-            )
-            .await?;
+        let began = Instant::now();
+        let Some(agent) = self.agent.get_mut().ok().and_then(Option::as_mut) else {
+            return Err(self.agent_lost("the session's agent is gone").await);
+        };
+        let stdout = match agent.project(&stdin, began + budget + REPORT_GRACE).await {
+            Ok(stdout) => stdout,
+            Err(e) => {
+                tracing::warn!(error = %e, "session agent did not answer a project call");
+                self.agent.get_mut().ok().map(Option::take);
+                return Err(self.agent_lost("the session's agent did not answer").await);
+            }
+        };
+        let truncated = stdout.len() > runner::STDOUT_CAP;
         let finished = Finished {
-            stdout: (ran.out.stdout, ran.out.stdout_truncated),
-            stderr: (ran.stderr, ran.out.stderr_truncated),
-            exit_code: ran.exit_code,
-            timed_out: ran.out.timed_out,
+            stdout: (stdout, truncated),
+            stderr: (Vec::new(), false),
+            exit_code: 0,
+            timed_out: false,
             container_id: self.id.clone(),
-            duration: ran.duration,
+            duration: began.elapsed(),
         };
         Ok(ProjectReport {
             result: project::classify(&finished, &key, &plan.artifacts),
@@ -193,5 +187,17 @@ impl DockerSession {
             software_identity: self.image.software_identity(),
             instance: self.instance(),
         })
+    }
+
+    /// The session's end when its agent failed: the container's state names it, else the
+    /// boundary could not be proven.
+    async fn agent_lost(&self, detail: &'static str) -> SessionFault {
+        let reason = end_for(
+            &self.engine,
+            &self.id,
+            SessionEnd::SESSION_END_BOUNDARY_FAILED,
+        )
+        .await;
+        SessionFault::ended(reason, detail)
     }
 }
