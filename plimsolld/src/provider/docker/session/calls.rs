@@ -19,9 +19,12 @@ use super::container::end_for;
 use crate::grant::GuestGrant;
 use crate::provider::{ProjectPlan, ProjectReport, SessionFault, SnippetOutcome};
 
-/// The agent's `/proc` entries a step must fail to open, under runc and gVisor alike: the
-/// agent runs as uid+1 and non-dumpable, every step as the guest uid.
-const PROC_CHECKS: &[&str] = &["fd/0", "fd/1", "mem", "environ"];
+/// The agent's `/proc` entries a step must fail to open: the agent runs as uid+1 and
+/// non-dumpable, every step as the guest uid. gVisor serves every process's `environ`
+/// world-readable, so under runsc it is not asked for (the agent's environment is the fixed
+/// one plimsolld sets; nothing secret is in it), as for a one-shot runner.
+const PROC_CHECKS_RUNC: &[&str] = &["fd/0", "fd/1", "mem", "environ"];
+const PROC_CHECKS_RUNSC: &[&str] = &["fd/0", "fd/1", "mem"];
 
 /// A command through the start script, with its marker, as an `env -i` argv.
 fn started(marker: &str, env: &[String], command: &[&str]) -> Vec<String> {
@@ -156,8 +159,13 @@ impl DockerSession {
         let budget = plan.timeout.min(project::MAX_TIMEOUT);
         let key = ReportKey::fresh();
         let host_sdk = plan.grant.as_deref().map(crate::grant::host_client::node);
+        let proc_checks = if self.settings.runtime.is_runsc() {
+            PROC_CHECKS_RUNSC
+        } else {
+            PROC_CHECKS_RUNC
+        };
         let runner_plan =
-            project::runner_plan(&plan, &self.image, budget, PROC_CHECKS, host_sdk.as_deref());
+            project::runner_plan(&plan, &self.image, budget, proc_checks, host_sdk.as_deref());
         let stdin = runner::stdin(&key, &runner_plan)
             .map_err(|e| SessionFault::infrastructure(DockerError::Plan(e)))?;
         let began = Instant::now();
