@@ -102,7 +102,9 @@ process.stdout.write(r.stdout || ''); process.stderr.write(r.stderr || String(r.
             ("sleep", 1),
             ("python3 -I", 1),
             ("node --expose-internals", 1),
-            ("node -e", 3),
+            // The two relays: the agent started the snippet, so it is the attack's ancestor
+            // here (attacked from the cell above, and by the agent tests below).
+            ("node -e", 2),
         ],
         "a snippet",
     );

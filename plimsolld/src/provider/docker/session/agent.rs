@@ -20,7 +20,11 @@ use super::super::project::GUARD;
 use base64::Engine as _;
 
 /// The agent program, run with `node -e` under the guard: the sweep, then project calls.
-const AGENT: &str = concat!(include_str!("agent.js"), include_str!("agent_project.js"));
+const AGENT: &str = concat!(
+    include_str!("agent.js"),
+    include_str!("agent_project.js"),
+    include_str!("agent_snippet.js"),
+);
 /// The user the agent's exec starts as; the guard moves it to uid+1 before node runs.
 const ROOT: &str = "0:0";
 /// The guard's variable naming the guest identity the agent moves away from.
@@ -66,6 +70,28 @@ struct Ready {
 struct Projected {
     op: String,
     stdout: String,
+}
+
+/// A snippet call's answer.
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub(super) struct Snipped {
+    op: String,
+    /// Base64.
+    stdout: String,
+    /// Base64.
+    stderr: String,
+    pub exit: i32,
+    pub timed_out: bool,
+    pub stdout_truncated: bool,
+    pub stderr_truncated: bool,
+}
+
+/// A snippet's output, decoded.
+pub(super) struct SnippetOutput {
+    pub stdout: Vec<u8>,
+    pub stderr: Vec<u8>,
+    pub answer: Snipped,
 }
 
 /// A sweep's answer.
@@ -174,6 +200,42 @@ impl Agent {
         base64::engine::general_purpose::STANDARD
             .decode(projected.stdout)
             .map_err(|e| AgentError::Framing(e.to_string()))
+    }
+
+    /// One snippet: `node -` as the guest with `code` on its stdin, the start script's
+    /// environment plus `env`, killed at `timeout`, each stream kept up to `cap` bytes.
+    pub(super) async fn snippet(
+        &mut self,
+        code: &[u8],
+        env: &[String],
+        timeout: Duration,
+        cap: usize,
+        deadline: Instant,
+    ) -> Result<SnippetOutput, AgentError> {
+        let b64 = base64::engine::general_purpose::STANDARD;
+        let request = serde_json::json!({
+            "op": "snippet",
+            "code": b64.encode(code),
+            "env": env,
+            "timeoutMs": u64::try_from(timeout.as_millis()).unwrap_or(u64::MAX),
+            "cap": cap,
+        });
+        self.send(&request, deadline).await?;
+        let line = self.next_line(deadline).await?;
+        let answer: Snipped =
+            serde_json::from_slice(&line).map_err(|e| AgentError::Framing(e.to_string()))?;
+        if answer.op != "snippet" {
+            return Err(AgentError::Unexpected);
+        }
+        let decode = |text: &str| {
+            b64.decode(text)
+                .map_err(|e| AgentError::Framing(e.to_string()))
+        };
+        Ok(SnippetOutput {
+            stdout: decode(&answer.stdout)?,
+            stderr: decode(&answer.stderr)?,
+            answer,
+        })
     }
 
     async fn send(
