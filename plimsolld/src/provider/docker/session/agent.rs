@@ -22,6 +22,8 @@ use base64::Engine as _;
 /// The agent program, run with `node -e` under the guard: the sweep, then project calls.
 const AGENT: &str = concat!(
     include_str!("agent.js"),
+    include_str!("same.js"),
+    include_str!("agent_hold.js"),
     include_str!("agent_project.js"),
     include_str!("agent_snippet.js"),
 );
@@ -53,6 +55,8 @@ pub(super) enum AgentError {
     Write(std::io::Error),
     #[error("the agent answered a frame that is not the one asked for")]
     Unexpected,
+    #[error("the agent could not prove the processes stopped")]
+    NotHeld,
     #[error("the agent runs as uid {0}, which is not the keeper uid {1}")]
     Uid(u32, u32),
 }
@@ -92,6 +96,15 @@ pub(super) struct SnippetOutput {
     pub stdout: Vec<u8>,
     pub stderr: Vec<u8>,
     pub answer: Snipped,
+}
+
+/// A hold's answer.
+#[derive(Deserialize)]
+struct Held {
+    op: String,
+    ok: bool,
+    #[serde(default)]
+    held: bool,
 }
 
 /// A sweep's answer.
@@ -236,6 +249,32 @@ impl Agent {
             stderr: decode(&answer.stderr)?,
             answer,
         })
+    }
+
+    /// Stops every process in `ids` (all threads, proven within 2 s), or (`stop` false)
+    /// resumes them and answers whether each was still stopped just before.
+    pub(super) async fn hold(
+        &mut self,
+        stop: bool,
+        ids: &[String],
+        deadline: Instant,
+    ) -> Result<bool, AgentError> {
+        let request = serde_json::json!({
+            "op": "hold",
+            "mode": if stop { "stop" } else { "cont" },
+            "ids": ids,
+        });
+        self.send(&request, deadline).await?;
+        let line = self.next_line(deadline).await?;
+        let held: Held =
+            serde_json::from_slice(&line).map_err(|e| AgentError::Framing(e.to_string()))?;
+        if held.op != "hold" {
+            return Err(AgentError::Unexpected);
+        }
+        if !held.ok {
+            return Err(AgentError::NotHeld);
+        }
+        Ok(!stop || held.held)
     }
 
     async fn send(

@@ -26,11 +26,6 @@ use plimsoll::refusal::Refusal;
 pub(crate) const LISTER: &str = include_str!("lister.js");
 /// The sweep, run with `node -e` under the guard.
 pub(crate) const SWEEP: &str = include_str!("sweep.js");
-/// The hold on kept processes during a granted call, run with `node -e` under the guard,
-/// after the identity check it shares with the cell ender.
-const HOLD: &str = concat!(include_str!("same.js"), include_str!("hold.js"));
-/// What the hold may print.
-const HOLD_OUTPUT_CAP: usize = 256;
 /// The sweep's and the lister's budget.
 const BUDGET: Duration = Duration::from_secs(20);
 /// What the sweep may print (nothing of it is trusted).
@@ -150,52 +145,6 @@ async fn launch(
     ];
     let command = guarded_node(SWEEP, args.iter().chain(keep));
     run_bounded(engine, container, user, &command, SWEEP_OUTPUT_CAP).await
-}
-
-/// Stops every process in `ids` (all threads, proven within 2 s) for a granted call.
-pub(in crate::provider::docker) async fn hold(
-    engine: &Engine,
-    container: &str,
-    user: &str,
-    ids: &[String],
-) -> Result<(), String> {
-    let out = run_hold(engine, container, user, "stop", ids).await?;
-    match out.exit_code {
-        Some(0) => Ok(()),
-        other => Err(format!(
-            "the hold ended with {other:?} (timed out: {})",
-            out.timed_out
-        )),
-    }
-}
-
-/// Resumes every process in `ids`; answers whether each was still stopped just before (the
-/// hold's own word, for the log).
-pub(in crate::provider::docker) async fn release(
-    engine: &Engine,
-    container: &str,
-    user: &str,
-    ids: &[String],
-) -> Result<bool, String> {
-    let out = run_hold(engine, container, user, "cont", ids).await?;
-    if out.exit_code != Some(0) {
-        return Err(format!("the release ended with {:?}", out.exit_code));
-    }
-    Ok(out.stdout == b"{\"held\":true}\n")
-}
-
-async fn run_hold(
-    engine: &Engine,
-    container: &str,
-    user: &str,
-    mode: &str,
-    ids: &[String],
-) -> Result<exec::ExecOutcome, String> {
-    let mode = mode.to_owned();
-    let command = guarded_node(HOLD, std::iter::once(&mode).chain(ids));
-    run_bounded(engine, container, user, &command, HOLD_OUTPUT_CAP)
-        .await
-        .map_err(|e| e.to_string())
 }
 
 /// `node -e <script> <args…>` with the runner guard preloaded (non-dumpable from its start).

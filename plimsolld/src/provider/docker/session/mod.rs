@@ -25,6 +25,7 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use plimsoll::refusal::Refusal;
 use plimsoll::wire::SessionEnd;
+use tokio::time::Instant;
 
 use super::config::SeccompSetting;
 use super::engine::Engine;
@@ -38,6 +39,8 @@ use crate::provider::{
 
 pub use container::NAME_PREFIX;
 
+/// A hold's or release's budget (the agent proves a stop within 2 s).
+const HOLD_BUDGET: std::time::Duration = std::time::Duration::from_secs(10);
 /// Where Yama's ptrace policy is read on the host.
 const YAMA_PTRACE_SCOPE: &str = "/proc/sys/kernel/yama/ptrace_scope";
 
@@ -236,6 +239,23 @@ impl DockerSession {
         }
     }
 
+    /// Stops (`stop`) or resumes the kept processes `ids` through the agent; a resume answers
+    /// whether each was still stopped. An agent whose stream failed is dropped: the session
+    /// then ends at its sweep.
+    async fn agent_hold(&mut self, stop: bool, ids: &[String]) -> Result<bool, String> {
+        let Some(agent) = self.agent.get_mut().ok().and_then(Option::as_mut) else {
+            return Err("the session's agent is gone".to_owned());
+        };
+        match agent.hold(stop, ids, Instant::now() + HOLD_BUDGET).await {
+            Ok(held) => Ok(held),
+            Err(agent::AgentError::NotHeld) => Err(agent::AgentError::NotHeld.to_string()),
+            Err(e) => {
+                self.agent.get_mut().ok().map(Option::take);
+                Err(e.to_string())
+            }
+        }
+    }
+
     async fn create_and_prove(
         &mut self,
         body: bollard::models::ContainerCreateBody,
@@ -316,9 +336,8 @@ impl SessionSandbox for DockerSession {
         if ids.is_empty() {
             return Ok(0);
         }
-        let user = self.settings.user();
-        match boundary::hold(&self.engine, &self.id, &user, &ids).await {
-            Ok(()) => {
+        match self.agent_hold(true, &ids).await {
+            Ok(_) => {
                 let held = u32::try_from(ids.len()).unwrap_or(u32::MAX);
                 self.held = ids;
                 Ok(held)
@@ -339,8 +358,7 @@ impl SessionSandbox for DockerSession {
         if ids.is_empty() {
             return;
         }
-        let user = self.settings.user();
-        match boundary::release(&self.engine, &self.id, &user, &ids).await {
+        match self.agent_hold(false, &ids).await {
             Ok(true) => {}
             Ok(false) => tracing::warn!(
                 container = %self.name,
