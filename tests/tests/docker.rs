@@ -196,6 +196,8 @@ mod project;
 mod record;
 #[path = "docker/session.rs"]
 mod session;
+#[path = "docker/session_calls_bench.rs"]
+mod session_calls_bench;
 #[path = "docker/session_hostile.rs"]
 mod session_hostile;
 #[path = "docker/session_pool.rs"]

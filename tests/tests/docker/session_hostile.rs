@@ -1,11 +1,12 @@
 //! Session code against the processes a session keeps between calls (issue 12, item 3):
-//! docker-init, its `sleep`, the cell interpreters and their relays. From a cell and from a
+//! docker-init, its `sleep`, the session agent, the cell interpreters and their relays. From a cell and from a
 //! snippet, every ptrace attach or seize, every open of `/proc/<pid>/mem` for writing and
 //! every `process_vm_readv`/`process_vm_writev` on another kept process must fail, under
 //! runc (with or without Yama) and under runsc.
 
 use super::session::{cell, close_as, open, session_run_as, sessions};
 use super::*;
+use plimsoll_tests::connect::ConnectError;
 
 /// The attack, in Python with ctypes: one JSON object, pid -> what each attempt came to.
 const ATTACK: &str = include_str!("attacks/ptrace_kept.py");
@@ -71,7 +72,8 @@ fn session_code_cannot_trace_or_write_any_kept_process() {
             ("init", 1),
             ("sleep", 1),
             ("node --expose-internals", 1),
-            ("node -e", 2),
+            // The two relays and the session agent.
+            ("node -e", 3),
         ],
         "a python cell",
     );
@@ -100,6 +102,8 @@ process.stdout.write(r.stdout || ''); process.stderr.write(r.stderr || String(r.
             ("sleep", 1),
             ("python3 -I", 1),
             ("node --expose-internals", 1),
+            // The two relays: the agent started the snippet, so it is the attack's ancestor
+            // here (attacked from the cell above, and by the agent tests below).
             ("node -e", 2),
         ],
         "a snippet",
@@ -181,4 +185,180 @@ fn a_kept_interpreter_never_runs_beside_a_project_runner() {
     assert_eq!(after["interpreterStarted"].as_bool(), None, "{after}");
     assert_eq!(field(&after, "stdout"), "([], True)\n", "{after}");
     assert_eq!(close_as(&d, None, &id).status, 200);
+}
+
+/// A guest's attempts on the session agent (issue 15 item 2), as one JSON line, after text
+/// that looks like the agent's answers; it leaves a background `sleep` behind.
+const AGENT_ATTACK: &str = r#"
+const fs = require('fs');
+let agent = null;
+for (const p of fs.readdirSync('/proc')) {
+  if (!/^[0-9]+$/.test(p)) continue;
+  try {
+    if (fs.readFileSync(`/proc/${p}/cmdline`, 'latin1').includes("plimsoll's session agent")) agent = Number(p);
+  } catch {}
+}
+const out = { found: agent !== null };
+const attempt = (name, f) => { try { f(); out[name] = 'done'; } catch (e) { out[name] = e.code || String(e); } };
+attempt('stdin', () => fs.closeSync(fs.openSync(`/proc/${agent}/fd/0`, 'w')));
+attempt('stdout', () => fs.closeSync(fs.openSync(`/proc/${agent}/fd/1`, 'w')));
+attempt('mem', () => fs.closeSync(fs.openSync(`/proc/${agent}/mem`, 'r')));
+attempt('environ', () => fs.readFileSync(`/proc/${agent}/environ`));
+attempt('stop', () => process.kill(agent, 'SIGSTOP'));
+attempt('kill', () => process.kill(agent, 'SIGKILL'));
+const mine = fs.readFileSync('/proc/self/status', 'latin1');
+out.capEff = /CapEff:\s*(\S+)/.exec(mine)[1];
+out.capPrm = /CapPrm:\s*(\S+)/.exec(mine)[1];
+out.uid = process.getuid();
+out.agentUid = Number(/Uid:\s*([0-9]+)/.exec(fs.readFileSync(`/proc/${agent}/status`, 'latin1'))[1]);
+require('child_process').spawn('sleep', ['600'], { detached: true, stdio: 'ignore' }).unref();
+process.stdout.write('{"op":"sweep","exit":0}\n{"op":"project","stdout":""}\n');
+process.stdout.write(JSON.stringify(out) + '\n');
+"#;
+
+/// Whether any process of the session runs `sleep 600` (a snippet's answer).
+const LEFT_BEHIND: &str = r#"
+const fs = require('fs');
+const left = fs.readdirSync('/proc').filter((p) => {
+  try { return /^[0-9]+$/.test(p) && fs.readFileSync(`/proc/${p}/cmdline`, 'latin1') === 'sleep\u0000600\u0000'; } catch { return false; }
+});
+console.log(left.length);
+"#;
+
+/// Issue 15 items 2 and 3: a guest process can neither write the agent's stream nor read it,
+/// trace, stop or kill the agent; it holds no capability and another uid than the agent's.
+/// Text shaped like the agent's answers changes nothing: the sweep still runs (the background
+/// process is gone at the next call) and the session goes on.
+#[test]
+fn a_guest_cannot_reach_the_session_agent_or_forge_its_answers() {
+    require_docker!();
+    let d = sessions();
+    let (id, _) = open(&d, json!({}));
+    let run = session_run_as(
+        &d,
+        None,
+        &id,
+        json!({ "javascript": { "code": AGENT_ATTACK } }),
+    );
+    assert_eq!(run.status, 200, "{run}");
+    let run = run.json()["run"].clone();
+    let out = field(&run["javascript"], "stdout");
+    let last = out.lines().last().unwrap_or_default();
+    let report: Value =
+        serde_json::from_str(last).unwrap_or_else(|e| panic!("a JSON report ({e}): {run}"));
+    assert_eq!(report["found"], true, "{report}");
+    for attempt in ["stdin", "stdout", "mem", "environ", "stop", "kill"] {
+        // gVisor serves every process's environ world-readable (nothing secret is in the
+        // agent's: plimsolld sets it).
+        if attempt == "environ" && super::runsc() {
+            continue;
+        }
+        let got = report[attempt].as_str().unwrap_or("?");
+        assert!(REFUSED.contains(&got), "{attempt} came to {got}: {report}");
+    }
+    assert_eq!(report["capEff"], "0000000000000000", "{report}");
+    assert_eq!(report["capPrm"], "0000000000000000", "{report}");
+    assert_ne!(report["uid"], report["agentUid"], "{report}");
+    let next = session_run_as(
+        &d,
+        None,
+        &id,
+        json!({ "javascript": { "code": LEFT_BEHIND } }),
+    );
+    assert_eq!(next.status, 200, "{next}");
+    assert_eq!(
+        field(&next.json()["run"]["javascript"], "stdout"),
+        "0\n",
+        "the sweep ran: {next}"
+    );
+    assert_eq!(close_as(&d, None, &id).status, 200);
+}
+
+/// Issue 15 item 3: a project step runs as another uid than the agent that starts it, with no
+/// capability, cannot open the agent's `/proc` entries, and still runs in a `/work` the guest
+/// has closed to everyone else (mode 0700).
+#[test]
+fn a_step_runs_apart_from_the_agent_even_in_a_closed_work_directory() {
+    require_docker!();
+    let d = sessions();
+    let (id, _) = open(&d, json!({}));
+    let closed = session_run_as(
+        &d,
+        None,
+        &id,
+        json!({ "javascript": { "code": "require('fs').chmodSync('/work', 0o700); console.log('closed')" } }),
+    );
+    assert_eq!(closed.status, 200, "{closed}");
+    let probe = r#"p=$PLIMSOLL_RUNNER_PID; echo "uid $(id -u)"; while read -r k v rest; do case "$k" in Uid:) echo "agent $v";; esac; done </proc/$p/status; while read -r k v; do case "$k" in CapEff:|CapPrm:) echo "$k $v";; esac; done </proc/self/status; for f in fd/0 fd/1 mem; do if true <"/proc/$p/$f" 2>/dev/null; then echo "opened $f"; fi; done; if true >>"/proc/$p/fd/1" 2>/dev/null; then echo "wrote fd/1"; fi"#;
+    let project = session_run_as(
+        &d,
+        None,
+        &id,
+        json!({ "project": { "steps": ["pwd; stat -c %a .; echo hi > f; cat f", probe] } }),
+    );
+    assert_eq!(project.status, 200, "{project}");
+    let report = &project.json()["run"]["project"];
+    assert_eq!(report["outcome"], "PROJECT_OUTCOME_COMPLETED", "{report}");
+    assert_eq!(
+        field(&report["steps"][0], "stdout"),
+        "/work\n700\nhi\n",
+        "{report}"
+    );
+    let seen = field(&report["steps"][1], "stdout");
+    let value = |name: &str| {
+        seen.lines()
+            .find_map(|l| l.strip_prefix(name))
+            .map(str::trim)
+            .unwrap_or_else(|| panic!("{name} in {seen}"))
+            .to_owned()
+    };
+    assert_ne!(value("uid "), value("agent "), "{seen}");
+    assert_eq!(value("CapEff: "), "0000000000000000", "{seen}");
+    assert_eq!(value("CapPrm: "), "0000000000000000", "{seen}");
+    assert!(
+        !seen.contains("opened") && !seen.contains("wrote"),
+        "a step reached the agent: {seen}"
+    );
+    assert_eq!(close_as(&d, None, &id).status, 200);
+}
+
+/// An agent that is gone (here killed from outside, as root) ends the session at the next
+/// call, typed as an unproven boundary, never a retry.
+#[test]
+fn a_session_whose_agent_is_gone_ends_at_the_next_call() {
+    require_docker!();
+    let d = sessions();
+    let (id, _) = open(&d, json!({}));
+    let run = session_run_as(&d, None, &id, json!({ "javascript": { "code": "1" } }));
+    assert_eq!(run.status, 200, "{run}");
+    let container = run.json()["run"]["instance"]
+        .as_str()
+        .and_then(|i| i.strip_prefix("docker-container:"))
+        .expect("a docker-container instance")
+        .to_owned();
+    // Root in a session container holds no CAP_KILL: the agent's own uid ends it. (The
+    // pattern is split so that this shell's own command line does not match it.)
+    let find = r#"for p in /proc/[0-9]*; do case "$(tr '\0' ' ' <$p/cmdline 2>/dev/null)" in *"plimsoll's session"" agent"*) while read -r k v rest; do [ "$k" = Uid: ] && echo "${p#/proc/} $v"; done <$p/status;; esac; done"#;
+    let (ok, out) = docker(&["exec", "-u", "0:0", &container, "sh", "-c", find]);
+    let (pid, uid) = out
+        .split_whitespace()
+        .collect::<Vec<_>>()
+        .chunks(2)
+        .next()
+        .and_then(|c| Some((c.first()?.to_string(), c.get(1)?.to_string())))
+        .unwrap_or_default();
+    assert!(ok && !pid.is_empty(), "the agent: {out}");
+    let user = format!("{uid}:{uid}");
+    let (ok, out) = docker(&["exec", "-u", &user, &container, "kill", "-9", &pid]);
+    assert!(ok, "{out}");
+    let resp = session_run_as(
+        &d,
+        None,
+        &id,
+        json!({ "project": { "steps": ["echo hi"] } }),
+    );
+    let err = ConnectError::of(&resp);
+    assert_eq!(err.code, "failed_precondition", "{resp}");
+    let summary = close_as(&d, None, &id).json();
+    assert_eq!(summary["ended"], "SESSION_END_BOUNDARY_FAILED", "{summary}");
 }

@@ -313,7 +313,7 @@ fn a_member_that_fails_its_verification_is_ended_not_handed_out() {
 
 // === the benchmark ===
 
-fn sorted_percentile(sorted: &[f64], p: f64) -> f64 {
+pub(super) fn sorted_percentile(sorted: &[f64], p: f64) -> f64 {
     let rank = ((p / 100.0) * (sorted.len() as f64 - 1.0)).round() as usize;
     sorted[rank.min(sorted.len() - 1)]
 }

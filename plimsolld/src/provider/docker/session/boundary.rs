@@ -17,6 +17,7 @@ use tokio::time::Instant;
 use super::super::engine::Engine;
 use super::super::exec::{self, ExecSpec};
 use super::super::project::GUARD;
+use super::agent::Agent;
 use super::container::{SLEEP_ARGV, end_for};
 use crate::provider::SessionFault;
 use plimsoll::refusal::Refusal;
@@ -25,11 +26,6 @@ use plimsoll::refusal::Refusal;
 pub(crate) const LISTER: &str = include_str!("lister.js");
 /// The sweep, run with `node -e` under the guard.
 pub(crate) const SWEEP: &str = include_str!("sweep.js");
-/// The hold on kept processes during a granted call, run with `node -e` under the guard,
-/// after the identity check it shares with the cell ender.
-const HOLD: &str = concat!(include_str!("same.js"), include_str!("hold.js"));
-/// What the hold may print.
-const HOLD_OUTPUT_CAP: usize = 256;
 /// The sweep's and the lister's budget.
 const BUDGET: Duration = Duration::from_secs(20);
 /// What the sweep may print (nothing of it is trusted).
@@ -86,16 +82,29 @@ pub(crate) fn check_baseline(listed: &[Listed]) -> Result<Vec<String>, String> {
     }
 }
 
-/// The sweep after a call; `Ok` only on a clean exit.
-pub(in crate::provider::docker) async fn sweep(
+/// The sweep after a call, run by the session's agent in-container; `Ok` only on a clean
+/// result. An agent that does not answer (its stream ended, a frame that does not parse, late)
+/// ends the session as an unproven boundary does.
+pub(super) async fn agent_sweep(
     engine: &Engine,
     container: &str,
-    user: &str,
+    agent: &mut Agent,
     disk_mb: u32,
     keep: &[String],
 ) -> Result<(), SessionFault> {
-    let ran = launch(engine, container, user, disk_mb, keep).await;
-    judge(engine, container, ran.map_err(|e| e.to_string())).await
+    let disk_bytes = u64::from(disk_mb) * 1024 * 1024;
+    let mounts: Vec<&str> = MOUNTS.split(',').collect();
+    let exit = match agent
+        .sweep(disk_bytes, &mounts, keep, Instant::now() + BUDGET)
+        .await
+    {
+        Ok(code) => Some(i64::from(code)),
+        Err(e) => {
+            tracing::warn!(error = %e, "session agent did not sweep");
+            None
+        }
+    };
+    judge_exit(engine, container, exit).await
 }
 
 /// The sweep before a project call (providers.md §9.3), or before a granted call under gVisor:
@@ -136,52 +145,6 @@ async fn launch(
     ];
     let command = guarded_node(SWEEP, args.iter().chain(keep));
     run_bounded(engine, container, user, &command, SWEEP_OUTPUT_CAP).await
-}
-
-/// Stops every process in `ids` (all threads, proven within 2 s) for a granted call.
-pub(in crate::provider::docker) async fn hold(
-    engine: &Engine,
-    container: &str,
-    user: &str,
-    ids: &[String],
-) -> Result<(), String> {
-    let out = run_hold(engine, container, user, "stop", ids).await?;
-    match out.exit_code {
-        Some(0) => Ok(()),
-        other => Err(format!(
-            "the hold ended with {other:?} (timed out: {})",
-            out.timed_out
-        )),
-    }
-}
-
-/// Resumes every process in `ids`; answers whether each was still stopped just before (the
-/// hold's own word, for the log).
-pub(in crate::provider::docker) async fn release(
-    engine: &Engine,
-    container: &str,
-    user: &str,
-    ids: &[String],
-) -> Result<bool, String> {
-    let out = run_hold(engine, container, user, "cont", ids).await?;
-    if out.exit_code != Some(0) {
-        return Err(format!("the release ended with {:?}", out.exit_code));
-    }
-    Ok(out.stdout == b"{\"held\":true}\n")
-}
-
-async fn run_hold(
-    engine: &Engine,
-    container: &str,
-    user: &str,
-    mode: &str,
-    ids: &[String],
-) -> Result<exec::ExecOutcome, String> {
-    let mode = mode.to_owned();
-    let command = guarded_node(HOLD, std::iter::once(&mode).chain(ids));
-    run_bounded(engine, container, user, &command, HOLD_OUTPUT_CAP)
-        .await
-        .map_err(|e| e.to_string())
 }
 
 /// `node -e <script> <args…>` with the runner guard preloaded (non-dumpable from its start).
@@ -240,6 +203,15 @@ async fn judge(
             None
         }
     };
+    judge_exit(engine, container, exit).await
+}
+
+/// What a sweep's exit code (`None`: it did not finish) means for the session.
+async fn judge_exit(
+    engine: &Engine,
+    container: &str,
+    exit: Option<i64>,
+) -> Result<(), SessionFault> {
     match exit {
         Some(0) => Ok(()),
         Some(10) | Some(11) => Err(SessionFault::ended(

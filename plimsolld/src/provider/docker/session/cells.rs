@@ -70,8 +70,8 @@ impl DockerSession {
             return Ok(ids);
         }
         let user = self.settings.user();
-        match boundary::hold(&self.engine, &self.id, &user, &ids).await {
-            Ok(()) => Ok(ids),
+        match self.agent_hold(true, &ids).await {
+            Ok(_) => Ok(ids),
             Err(e) => {
                 tracing::warn!(error = %e, "interpreters could not be held for a project call; ending them");
                 self.end_interpreters().await;
@@ -84,8 +84,7 @@ impl DockerSession {
     /// Resumes what [`Self::hold_for_project`] held. One a step already woke is no matter
     /// (see there); one that cannot be resumed would hang the next cell, so all then end.
     pub(super) async fn release_after_project(&mut self, ids: &[String]) {
-        let user = self.settings.user();
-        match boundary::release(&self.engine, &self.id, &user, ids).await {
+        match self.agent_hold(false, ids).await {
             Ok(true) => {}
             Ok(false) => tracing::debug!("a held interpreter was woken during the project call"),
             Err(e) => {

@@ -1,5 +1,6 @@
 //! The session container (providers.md §9.1–§9.2): created detached with the lockdown of
-//! §5.4, docker-init as PID 1 and `sleep` as its only child, both as uid+1; verified by inspection right
+//! §5.4, docker-init as PID 1 and `sleep` as its only child, both as root holding only
+//! `CAP_SETUID`/`CAP_SETGID`; verified by inspection right
 //! after the start; and read back against that first inspection before every call.
 
 use std::collections::HashMap;
@@ -25,6 +26,11 @@ pub const LABEL_SESSION: &str = "io.plimsoll.session";
 pub const LABEL_POOL: &str = "io.plimsoll.pool";
 /// The session container's only guest-visible process besides docker-init.
 pub const SLEEP_ARGV: [&str; 2] = ["sleep", "2147483647"];
+/// The capabilities a session container is created with, exactly: only the agent's exec (as
+/// root, moved to uid+1 by the guard before node runs) uses them, to start guest processes and
+/// to signal them with the guest uid as its effective uid. Every other process runs as a
+/// non-root uid under no-new-privileges and holds none.
+pub const CAP_ADD: [&str; 2] = ["SETUID", "SETGID"];
 /// The session's work directory.
 const WORK: &str = "/work";
 /// The budget of one Engine call made here.
@@ -72,11 +78,13 @@ pub fn body(settings: &Settings, create: &Create<'_>) -> ContainerCreateBody {
             .chain(argv)
             .collect(),
     );
-    // docker-init and `sleep` run as uid+1 (the checker identity, which no session code
-    // has): session code can neither trace, signal nor open the `/proc` entries of the
-    // processes the sweep keeps, with or without Yama, under runc and gVisor alike. Every
-    // exec names its own user.
-    body.user = Some(keeper_user(settings));
+    // The container's user is root so that the agent's exec (as root) holds [`CAP_ADD`]:
+    // docker gives an exec no capability at all when the container's user is not root. The
+    // runner guard moves the agent to uid+1 before node runs. docker-init and `sleep` stay
+    // root with only those two capabilities: session code (the guest uid, no capability) can
+    // neither trace, signal nor open the `/proc` entries of the processes the sweep keeps,
+    // with or without Yama, under runc and gVisor alike. Every exec names its own user.
+    body.user = Some(ROOT.to_owned());
     body.attach_stdin = Some(false);
     body.attach_stdout = Some(false);
     body.attach_stderr = Some(false);
@@ -84,6 +92,7 @@ pub fn body(settings: &Settings, create: &Create<'_>) -> ContainerCreateBody {
     body.stdin_once = Some(false);
     if let Some(host) = body.host_config.as_mut() {
         host.init = Some(true);
+        host.cap_add = Some(CAP_ADD.iter().map(|c| (*c).to_owned()).collect());
         // The work directory belongs to the guest uid, which every call and cell runs as, so
         // a client can restore a saved tree into it (`tar -x` sets the mode and times of
         // `.`, which only the owner may do). Its mode stays 1777 (under runc docker copies
@@ -101,14 +110,11 @@ pub fn body(settings: &Settings, create: &Create<'_>) -> ContainerCreateBody {
     body
 }
 
-/// `uid:gid` the container's own processes (docker-init and `sleep`) run as: uid+1.
-pub fn keeper_user(settings: &Settings) -> String {
-    let keeper = settings.guest_uid.saturating_add(1);
-    format!("{keeper}:{keeper}")
-}
+/// The container's user (docker-init and `sleep`).
+const ROOT: &str = "0:0";
 
 /// The verification right after the start: the verified image, running and not paused, no
-/// network but `none`, a read-only root, not privileged, no capability added, docker-init.
+/// network but `none`, a read-only root, not privileged, exactly [`CAP_ADD`] added, docker-init.
 pub fn verify(inspected: &ContainerInspectResponse, image_id: &str) -> Result<(), String> {
     let state = inspected.state.as_ref();
     let host = inspected.host_config.as_ref();
@@ -137,8 +143,8 @@ pub fn verify(inspected: &ContainerInspectResponse, image_id: &str) -> Result<()
         ),
         (
             host.and_then(|h| h.cap_add.as_ref())
-                .is_none_or(Vec::is_empty),
-            "no added capability",
+                .is_some_and(|added| exactly_the_session_caps(added)),
+            "added capability",
         ),
         (host.and_then(|h| h.init) == Some(true), "docker-init"),
     ];
@@ -146,6 +152,20 @@ pub fn verify(inspected: &ContainerInspectResponse, image_id: &str) -> Result<()
         Some((_, what)) => Err(format!("the session container fails the {what} check")),
         None => Ok(()),
     }
+}
+
+/// Whether `added` (as docker reports it, with or without the `CAP_` prefix) is exactly
+/// [`CAP_ADD`].
+fn exactly_the_session_caps(added: &[String]) -> bool {
+    let mut names: Vec<&str> = added
+        .iter()
+        .map(|c| c.strip_prefix("CAP_").unwrap_or(c))
+        .collect();
+    names.sort_unstable();
+    names.dedup();
+    let mut want = CAP_ADD.to_vec();
+    want.sort_unstable();
+    names.len() == added.len() && names == want
 }
 
 /// The security snapshot: image, user, the whole host config, mounts and network names, as
@@ -294,6 +314,7 @@ mod tests {
                 readonly_rootfs: Some(true),
                 privileged: Some(false),
                 init: Some(true),
+                cap_add: Some(vec!["SETUID".to_owned(), "CAP_SETGID".to_owned()]),
                 ..Default::default()
             }),
             ..Default::default()
@@ -319,13 +340,24 @@ mod tests {
                 .unwrap_err()
                 .contains("paused")
         );
-        let mut caps = inspected();
-        caps.host_config.as_mut().unwrap().cap_add = Some(vec!["NET_ADMIN".to_owned()]);
-        assert!(
-            verify(&caps, "sha256:abc")
-                .unwrap_err()
-                .contains("capability")
-        );
+        for added in [
+            Some(vec!["NET_ADMIN".to_owned()]),
+            Some(vec![
+                "SETUID".to_owned(),
+                "SETGID".to_owned(),
+                "KILL".to_owned(),
+            ]),
+            Some(vec!["SETUID".to_owned()]),
+            None,
+        ] {
+            let mut caps = inspected();
+            caps.host_config.as_mut().unwrap().cap_add = added;
+            assert!(
+                verify(&caps, "sha256:abc")
+                    .unwrap_err()
+                    .contains("capability")
+            );
+        }
         let mut no_init = inspected();
         no_init.host_config.as_mut().unwrap().init = Some(false);
         assert!(verify(&no_init, "sha256:abc").unwrap_err().contains("init"));

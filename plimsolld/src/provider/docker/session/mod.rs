@@ -12,6 +12,7 @@
 //! - cells ([`cells`], with the [`cell`] machinery): one interpreter per language, kept
 //!   across calls, spared by the sweep and held stopped through a project call.
 
+mod agent;
 pub(crate) mod boundary;
 mod calls;
 pub mod cell;
@@ -24,6 +25,7 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use plimsoll::refusal::Refusal;
 use plimsoll::wire::SessionEnd;
+use tokio::time::Instant;
 
 use super::config::SeccompSetting;
 use super::engine::Engine;
@@ -37,6 +39,8 @@ use crate::provider::{
 
 pub use container::NAME_PREFIX;
 
+/// A hold's or release's budget (the agent proves a stop within 2 s).
+const HOLD_BUDGET: std::time::Duration = std::time::Duration::from_secs(10);
 /// Where Yama's ptrace policy is read on the host.
 const YAMA_PTRACE_SCOPE: &str = "/proc/sys/kernel/yama/ptrace_scope";
 
@@ -62,6 +66,9 @@ pub struct DockerSession {
     /// Interpreters a pool member warmed that no cell has used yet: the first cell in each
     /// still starts fresh (`interpreter_started`).
     unused: Vec<cell::CellLanguage>,
+    /// The session's agent, which sweeps after each call (started after the baseline). Behind
+    /// a mutex only so the session is `Sync`; every use goes through `&mut self`.
+    agent: std::sync::Mutex<Option<agent::Agent>>,
 }
 
 /// Opens a session for `open` (providers.md §9.1): a warm pool member when one matches (no
@@ -143,6 +150,7 @@ pub(super) async fn make(
             .unwrap_or_default(),
         interpreters: std::sync::Mutex::new(Vec::new()),
         unused: Vec::new(),
+        agent: std::sync::Mutex::new(None),
     };
     match session.create_and_prove(body).await {
         Ok(()) => Ok(session),
@@ -231,6 +239,23 @@ impl DockerSession {
         }
     }
 
+    /// Stops (`stop`) or resumes the kept processes `ids` through the agent; a resume answers
+    /// whether each was still stopped. An agent whose stream failed is dropped: the session
+    /// then ends at its sweep.
+    async fn agent_hold(&mut self, stop: bool, ids: &[String]) -> Result<bool, String> {
+        let Some(agent) = self.agent.get_mut().ok().and_then(Option::as_mut) else {
+            return Err("the session's agent is gone".to_owned());
+        };
+        match agent.hold(stop, ids, Instant::now() + HOLD_BUDGET).await {
+            Ok(held) => Ok(held),
+            Err(agent::AgentError::NotHeld) => Err(agent::AgentError::NotHeld.to_string()),
+            Err(e) => {
+                self.agent.get_mut().ok().map(Option::take);
+                Err(e.to_string())
+            }
+        }
+    }
+
     async fn create_and_prove(
         &mut self,
         body: bollard::models::ContainerCreateBody,
@@ -255,6 +280,16 @@ impl DockerSession {
         container::verify(&inspected, &self.image.id)?;
         self.snapshot = container::snapshot(&inspected);
         self.keep = boundary::baseline(&self.engine, &self.id, &self.settings.user()).await?;
+        // The agent joins the keep set: the quiesce and hold programs, run as the guest, must
+        // neither try nor fail to end it.
+        let agent = agent::Agent::start(&self.engine, &self.id, self.settings.guest_uid)
+            .await
+            .map_err(|e| e.to_string())?;
+        self.keep.push(agent.id().to_owned());
+        *self
+            .agent
+            .get_mut()
+            .map_err(|_| "the agent's lock is poisoned".to_owned())? = Some(agent);
         Ok(())
     }
 }
@@ -301,9 +336,8 @@ impl SessionSandbox for DockerSession {
         if ids.is_empty() {
             return Ok(0);
         }
-        let user = self.settings.user();
-        match boundary::hold(&self.engine, &self.id, &user, &ids).await {
-            Ok(()) => {
+        match self.agent_hold(true, &ids).await {
+            Ok(_) => {
                 let held = u32::try_from(ids.len()).unwrap_or(u32::MAX);
                 self.held = ids;
                 Ok(held)
@@ -324,8 +358,7 @@ impl SessionSandbox for DockerSession {
         if ids.is_empty() {
             return;
         }
-        let user = self.settings.user();
-        match boundary::release(&self.engine, &self.id, &user, &ids).await {
+        match self.agent_hold(false, &ids).await {
             Ok(true) => {}
             Ok(false) => tracing::warn!(
                 container = %self.name,
@@ -358,14 +391,18 @@ impl SessionSandbox for DockerSession {
         self.forget_dead_interpreters().await;
         let mut keep = self.keep.clone();
         keep.extend(self.interpreter_ids());
-        boundary::sweep(
-            &self.engine,
-            &self.id,
-            &self.settings.user(),
-            self.disk_mb,
-            &keep,
-        )
-        .await
+        let Some(agent) = self.agent.get_mut().ok().and_then(Option::as_mut) else {
+            return Err(SessionFault::ended(
+                SessionEnd::SESSION_END_BOUNDARY_FAILED,
+                "the session's agent is gone",
+            ));
+        };
+        let swept = boundary::agent_sweep(&self.engine, &self.id, agent, self.disk_mb, &keep).await;
+        if swept.is_err() {
+            // The session ends: its agent goes with it (never a retry).
+            self.agent.get_mut().ok().map(Option::take);
+        }
+        swept
     }
 
     async fn suspend(&mut self) -> Result<(), SessionFault> {

@@ -1,0 +1,329 @@
+//! The session agent (providers.md §9.4): one kept process per session container that runs
+//! the sweep in-container, so a call's boundary costs no `docker exec` and no interpreter start.
+//!
+//! It is started once, right after the baseline, by one `docker exec` as root whose stdin and
+//! stdout the daemon holds for the session's life. The runner guard moves it to uid+1 (keeping
+//! only `CAP_SETUID`/`CAP_SETGID`) and makes it non-dumpable before node runs: no guest process
+//! can signal it, trace it, or open its `/proc` entries and so its pipes. Only the daemon writes
+//! its stdin and only the agent writes its stdout, so an answer needs no key; a stream that
+//! ends, a line that does not parse or an answer that is late ends the session, never a retry.
+
+use std::time::Duration;
+
+use serde::Deserialize;
+use tokio::io::AsyncWriteExt;
+use tokio::time::Instant;
+
+use super::super::engine::Engine;
+use super::super::exec::{self, Attached};
+use super::super::project::GUARD;
+use base64::Engine as _;
+
+/// The agent program, run with `node -e` under the guard: the sweep, then project calls.
+const AGENT: &str = concat!(
+    include_str!("agent.js"),
+    include_str!("same.js"),
+    include_str!("agent_hold.js"),
+    include_str!("agent_project.js"),
+    include_str!("agent_snippet.js"),
+);
+/// The user the agent's exec starts as; the guard moves it to uid+1 before node runs.
+const ROOT: &str = "0:0";
+/// The guard's variable naming the guest identity the agent moves away from.
+const ENV_GUEST_ID: &str = "PLIMSOLL_GUEST_ID";
+/// Agent stderr kept for the log.
+const STDERR_CAP: usize = 4096;
+/// The longest answer line: a project call's runner output, base64, with its frame.
+const MAX_LINE: usize = super::super::runner::STDOUT_CAP / 3 * 4 + 64 * 1024;
+/// Where the agent runs: not `/work`, which a guest may close to others.
+const AGENT_DIR: &str = "/";
+/// How long the agent may take to start and say it is ready.
+const START_BUDGET: Duration = Duration::from_secs(30);
+
+/// Why the agent failed; every one ends the session (or fails its open).
+#[derive(Debug, thiserror::Error)]
+pub(super) enum AgentError {
+    #[error("the agent could not be started: {0}")]
+    Start(#[from] exec::ExecError),
+    #[error("the agent's stream ended")]
+    Ended,
+    #[error("the agent did not answer in time")]
+    Late,
+    #[error("the agent's stream broke its framing: {0}")]
+    Framing(String),
+    #[error("the agent's request could not be written: {0}")]
+    Write(std::io::Error),
+    #[error("the agent answered a frame that is not the one asked for")]
+    Unexpected,
+    #[error("the agent could not prove the processes stopped")]
+    NotHeld,
+    #[error("the agent runs as uid {0}, which is not the keeper uid {1}")]
+    Uid(u32, u32),
+}
+
+/// The first frame.
+#[derive(Deserialize)]
+struct Ready {
+    op: String,
+    id: String,
+    uid: u32,
+}
+
+/// A project call's answer.
+#[derive(Deserialize)]
+struct Projected {
+    op: String,
+    stdout: String,
+}
+
+/// A snippet call's answer.
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub(super) struct Snipped {
+    op: String,
+    /// Base64.
+    stdout: String,
+    /// Base64.
+    stderr: String,
+    pub exit: i32,
+    pub timed_out: bool,
+    pub stdout_truncated: bool,
+    pub stderr_truncated: bool,
+}
+
+/// A snippet's output, decoded.
+pub(super) struct SnippetOutput {
+    pub stdout: Vec<u8>,
+    pub stderr: Vec<u8>,
+    pub answer: Snipped,
+}
+
+/// A hold's answer.
+#[derive(Deserialize)]
+struct Held {
+    op: String,
+    ok: bool,
+    #[serde(default)]
+    held: bool,
+}
+
+/// A sweep's answer.
+#[derive(Deserialize)]
+struct Swept {
+    op: String,
+    exit: i32,
+}
+
+/// The held agent of one session container.
+pub(super) struct Agent {
+    attached: Attached,
+    /// Answer bytes read past the last complete line.
+    partial: Vec<u8>,
+    /// The agent's identity (`pid:starttime:cmdlinehex`), part of the keep set.
+    id: String,
+}
+
+impl Agent {
+    /// Starts the agent in `container` for the guest `uid` (gid the same) and waits for its
+    /// ready frame; it must run as uid+1.
+    pub(super) async fn start(
+        engine: &Engine,
+        container: &str,
+        uid: u32,
+    ) -> Result<Agent, AgentError> {
+        let env = [
+            format!("{ENV_GUEST_ID}={uid}:{uid}"),
+            format!("LD_PRELOAD={GUARD}"),
+        ];
+        let command = [
+            "node".to_owned(),
+            "-e".to_owned(),
+            AGENT.to_owned(),
+            uid.to_string(),
+        ];
+        let argv = exec::env_argv(&env, &command);
+        let attached =
+            exec::attach(engine, container, &argv, ROOT, Some(AGENT_DIR), STDERR_CAP).await?;
+        let mut agent = Agent {
+            attached,
+            partial: Vec::new(),
+            id: String::new(),
+        };
+        let line = agent.next_line(Instant::now() + START_BUDGET).await?;
+        let ready: Ready =
+            serde_json::from_slice(&line).map_err(|e| AgentError::Framing(e.to_string()))?;
+        let keeper = uid.saturating_add(1);
+        if ready.op != "ready" {
+            return Err(AgentError::Unexpected);
+        }
+        if ready.uid != keeper {
+            return Err(AgentError::Uid(ready.uid, keeper));
+        }
+        agent.id = ready.id;
+        Ok(agent)
+    }
+
+    /// The agent's identity.
+    pub(super) fn id(&self) -> &str {
+        &self.id
+    }
+
+    /// One sweep (see agent.js): answers its exit code, sweep.js's.
+    pub(super) async fn sweep(
+        &mut self,
+        disk_bytes: u64,
+        mounts: &[&str],
+        keep: &[String],
+        deadline: Instant,
+    ) -> Result<i32, AgentError> {
+        let request = serde_json::json!({
+            "op": "sweep",
+            "disk": disk_bytes.to_string(),
+            "mounts": mounts,
+            "keep": keep,
+        });
+        self.send(&request, deadline).await?;
+        let line = self.next_line(deadline).await?;
+        let swept: Swept =
+            serde_json::from_slice(&line).map_err(|e| AgentError::Framing(e.to_string()))?;
+        if swept.op != "sweep" {
+            return Err(AgentError::Unexpected);
+        }
+        Ok(swept.exit)
+    }
+
+    /// One project call: `input` is what the runner reads on stdin (key line, then plan);
+    /// answers what the runner would have printed.
+    pub(super) async fn project(
+        &mut self,
+        input: &[u8],
+        deadline: Instant,
+    ) -> Result<Vec<u8>, AgentError> {
+        let request = serde_json::json!({
+            "op": "project",
+            "input": base64::engine::general_purpose::STANDARD.encode(input),
+        });
+        self.send(&request, deadline).await?;
+        let line = self.next_line(deadline).await?;
+        let projected: Projected =
+            serde_json::from_slice(&line).map_err(|e| AgentError::Framing(e.to_string()))?;
+        if projected.op != "project" {
+            return Err(AgentError::Unexpected);
+        }
+        base64::engine::general_purpose::STANDARD
+            .decode(projected.stdout)
+            .map_err(|e| AgentError::Framing(e.to_string()))
+    }
+
+    /// One snippet: `node -` as the guest with `code` on its stdin, the start script's
+    /// environment plus `env`, killed at `timeout`, each stream kept up to `cap` bytes.
+    pub(super) async fn snippet(
+        &mut self,
+        code: &[u8],
+        env: &[String],
+        timeout: Duration,
+        cap: usize,
+        deadline: Instant,
+    ) -> Result<SnippetOutput, AgentError> {
+        let b64 = base64::engine::general_purpose::STANDARD;
+        let request = serde_json::json!({
+            "op": "snippet",
+            "code": b64.encode(code),
+            "env": env,
+            "timeoutMs": u64::try_from(timeout.as_millis()).unwrap_or(u64::MAX),
+            "cap": cap,
+        });
+        self.send(&request, deadline).await?;
+        let line = self.next_line(deadline).await?;
+        let answer: Snipped =
+            serde_json::from_slice(&line).map_err(|e| AgentError::Framing(e.to_string()))?;
+        if answer.op != "snippet" {
+            return Err(AgentError::Unexpected);
+        }
+        let decode = |text: &str| {
+            b64.decode(text)
+                .map_err(|e| AgentError::Framing(e.to_string()))
+        };
+        Ok(SnippetOutput {
+            stdout: decode(&answer.stdout)?,
+            stderr: decode(&answer.stderr)?,
+            answer,
+        })
+    }
+
+    /// Stops every process in `ids` (all threads, proven within 2 s), or (`stop` false)
+    /// resumes them and answers whether each was still stopped just before.
+    pub(super) async fn hold(
+        &mut self,
+        stop: bool,
+        ids: &[String],
+        deadline: Instant,
+    ) -> Result<bool, AgentError> {
+        let request = serde_json::json!({
+            "op": "hold",
+            "mode": if stop { "stop" } else { "cont" },
+            "ids": ids,
+        });
+        self.send(&request, deadline).await?;
+        let line = self.next_line(deadline).await?;
+        let held: Held =
+            serde_json::from_slice(&line).map_err(|e| AgentError::Framing(e.to_string()))?;
+        if held.op != "hold" {
+            return Err(AgentError::Unexpected);
+        }
+        if !held.ok {
+            return Err(AgentError::NotHeld);
+        }
+        Ok(!stop || held.held)
+    }
+
+    async fn send(
+        &mut self,
+        request: &serde_json::Value,
+        deadline: Instant,
+    ) -> Result<(), AgentError> {
+        let mut line = request.to_string().into_bytes();
+        line.push(b'\n');
+        let write = async {
+            self.attached.stdin.write_all(&line).await?;
+            self.attached.stdin.flush().await
+        };
+        match tokio::time::timeout_at(deadline, write).await {
+            Ok(Ok(())) => Ok(()),
+            Ok(Err(e)) => Err(AgentError::Write(e)),
+            Err(_) => Err(AgentError::Late),
+        }
+    }
+
+    /// The next complete line; bytes past it are a framing error (the agent answers exactly
+    /// once per request, and only after it was asked).
+    async fn next_line(&mut self, deadline: Instant) -> Result<Vec<u8>, AgentError> {
+        loop {
+            let bytes = match tokio::time::timeout_at(deadline, self.attached.stdout.next()).await {
+                Ok(Some(bytes)) => bytes,
+                Ok(None) => {
+                    let stderr = String::from_utf8_lossy(self.attached.stdout.stderr());
+                    if !stderr.is_empty() {
+                        tracing::debug!(agent_stderr = %stderr, "session agent ended");
+                    }
+                    return Err(AgentError::Ended);
+                }
+                Err(_) => return Err(AgentError::Late),
+            };
+            self.partial.extend_from_slice(&bytes);
+            if let Some(at) = self.partial.iter().position(|b| *b == b'\n') {
+                if at + 1 != self.partial.len() {
+                    return Err(AgentError::Framing("more than one answer".to_owned()));
+                }
+                let mut line = std::mem::take(&mut self.partial);
+                line.truncate(at);
+                return Ok(line);
+            }
+            if self.partial.len() > MAX_LINE {
+                return Err(AgentError::Framing(
+                    "an answer longer than allowed".to_owned(),
+                ));
+            }
+        }
+    }
+}
