@@ -67,8 +67,9 @@ pub struct Frame {
 /// A frame stream that does not follow this format.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum FrameError {
-    #[error("unknown frame tag 0x{0:02x}")]
-    UnknownTag(u8),
+    /// The tag and the first bytes from it on (escaped), to tell a stray writer.
+    #[error("unknown frame tag 0x{0:02x} (from it: {1})")]
+    UnknownTag(u8, String),
     #[error("frame of {0} bytes is over the limit")]
     TooLarge(usize),
 }
@@ -99,7 +100,13 @@ impl Decoder {
         if self.buffer.len() < 5 {
             return Ok(None);
         }
-        let tag = Tag::from_byte(self.buffer[0]).ok_or(FrameError::UnknownTag(self.buffer[0]))?;
+        let Some(tag) = Tag::from_byte(self.buffer[0]) else {
+            let preview = &self.buffer[..self.buffer.len().min(48)];
+            return Err(FrameError::UnknownTag(
+                self.buffer[0],
+                preview.escape_ascii().to_string(),
+            ));
+        };
         let len = u32::from_be_bytes([
             self.buffer[1],
             self.buffer[2],
@@ -154,7 +161,10 @@ mod tests {
     fn unknown_tags_and_huge_lengths_are_refused() {
         let mut decoder = Decoder::default();
         decoder.push(b"Z\0\0\0\0");
-        assert_eq!(decoder.next_frame(), Err(FrameError::UnknownTag(b'Z')));
+        assert_eq!(
+            decoder.next_frame(),
+            Err(FrameError::UnknownTag(b'Z', "Z\\x00\\x00\\x00\\x00".to_owned()))
+        );
         let mut decoder = Decoder::default();
         decoder.push(&[b'O', 0xff, 0xff, 0xff, 0xff]);
         assert!(matches!(decoder.next_frame(), Err(FrameError::TooLarge(_))));
