@@ -274,7 +274,7 @@ impl Agent {
         if !held.ok {
             return Err(AgentError::NotHeld);
         }
-        Ok(!stop || held.held)
+        Ok(stop || held.held)
     }
 
     async fn send(

@@ -1,9 +1,11 @@
 //! The call boundary of a session (providers.md §9.1 baseline, §9.4 sweep, §9.5 disk budget).
 //!
 //! At open, the lister proves the container holds exactly docker-init and its `sleep`, and
-//! their identities (`pid:starttime:cmdlinehex`) become the keep set. After each call, the
-//! sweep, non-dumpable under the runner guard, kills everything else and measures the disk;
-//! only its exit code is trusted, and anything but a clean exit ends the session.
+//! their identities (`pid:starttime:cmdlinehex`) become the keep set (the agent's joins it).
+//! After each call, the session's agent sweeps in-container ([`agent_sweep`]): it kills
+//! everything else and measures the disk; anything but a clean answer ends the session. The
+//! sweep program run by `docker exec` still quiesces a session whose interpreters could not be
+//! held.
 //!
 //! The guest-side programs (lister, sweep) and the baseline rule are shared with sessions on
 //! openshell, which run them through the gateway's exec instead of `docker exec`.

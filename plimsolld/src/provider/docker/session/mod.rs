@@ -1,12 +1,15 @@
 //! Sessions on docker (providers.md §9): one long-lived, locked-down container of the project
-//! image per session, reached only through `docker exec`.
+//! image per session, reached through `docker exec` streams made once.
 //!
 //! - [`open`]: create the container, start it, verify it by inspection, keep its security
-//!   snapshot and prove its process baseline ([`container`], [`boundary`]);
+//!   snapshot, prove its process baseline ([`container`], [`boundary`]) and start its agent
+//!   ([`agent`]), one held exec at uid+1;
 //! - before each call: resume it if the idle watcher paused it, then read it back against the
 //!   snapshot;
-//! - the calls ([`calls`]): snippets and projects, each an exec through the start script;
-//! - after each call: the sweep kills whatever the call left running and measures the disk;
+//! - the calls ([`calls`]): snippets and projects, each one request to the agent, which starts
+//!   the guest's processes as the guest uid;
+//! - after each call: the agent's sweep kills whatever the call left running and measures the
+//!   disk;
 //! - suspend is `docker pause`; the end is a confirmed force-remove.
 //!
 //! - cells ([`cells`], with the [`cell`] machinery): one interpreter per language, kept

@@ -1,4 +1,4 @@
-// The process identity check plimsoll's in-guest scripts share (hold.js, cell/end.js): each
+// The process identity check plimsoll's in-guest scripts share (agent_hold.js, cell/end.js): each
 // is run with `node -e` with this file put before it at build time, so `same` is in its scope.
 //
 // Whether the process named by `m`, a match of /^([0-9]+):(-?[0-9]+):([0-9a-f]+)$/ against
