@@ -22,7 +22,7 @@ use base64::Engine as _;
 /// The agent program, run with `node -e` under the guard: the sweep, then project calls.
 const AGENT: &str = concat!(
     include_str!("agent.js"),
-    include_str!("same.js"),
+    include_str!("../../guest/same.js"),
     include_str!("agent_hold.js"),
     include_str!("agent_project.js"),
     include_str!("agent_snippet.js"),

@@ -1,5 +1,5 @@
 // plimsoll's session agent, the hold on kept interpreters (providers.md §9.3 "Grants", and
-// around project calls), in-process. Put after same.js (for `same`) and
+// around project calls), in-process. Put after guest/same.js (for `same`) and
 // agent.js (for `signalAsGuest`, `answer`, `requests`) at build time. The request is
 //
 //   {"op":"hold","mode":"stop"|"cont","ids":["pid:starttime:cmdlinehex",…]}

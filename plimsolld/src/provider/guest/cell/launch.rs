@@ -31,7 +31,7 @@ pub const CHECK_JS: &str = include_str!("check.js");
 /// The ender, run as the guest by [`Interpreter::close`], after the identity check it shares
 /// with docker's hold (which is why that check lives beside docker's session programs).
 pub const END_JS: &str = concat!(
-    include_str!("../../docker/session/same.js"),
+    include_str!("../same.js"),
     include_str!("end.js")
 );
 
