@@ -2,9 +2,9 @@
 //! parser of bytes a container writes back, which the guest controls. Each function must
 //! return without panicking, whatever it is given.
 
-use super::runner::{self, Report, ReportKey};
 use crate::provider::guest::cell::frames::{Frame, Lines};
 use crate::provider::guest::cell::identity::ProcessId;
+use crate::provider::guest::runner::{self, Report, ReportKey};
 
 /// The runner's stdout around a valid frame: `before`, a frame of `body` authenticated with
 /// `key`, then `after`, scanned as the daemon scans it; a verified body is decoded and turned

@@ -15,8 +15,8 @@
 //! - [`smoke`]: the startup proof's probe containers and their checks;
 //! - [`lockdown`]: the one container shape (§5.4); [`container`]: one run start to finish,
 //!   with [`output`] (caps and the start marker) and [`removal`] (force-remove, confirmed);
-//! - [`project`]: a project run in the project image, with [`runner`] (the authenticated
-//!   protocol with the runner inside);
+//! - [`project`]: a project run in the project image (the runner's authenticated protocol is
+//!   [`crate::provider::guest::runner`]);
 //! - [`module`]: a module run, one runner step of `sim-worker` in the module image, and its
 //!   results file;
 //! - [`pool`]: the next snippet's container, created (never started) ahead of demand;
@@ -39,14 +39,9 @@ mod preflight;
 pub(crate) mod project;
 mod readiness;
 mod removal;
-pub(crate) mod runner;
 mod session;
 pub(crate) mod settings;
 mod smoke;
-
-/// The session boundary's guest programs and baseline rule, shared with sessions on openshell.
-#[cfg(feature = "openshell")]
-pub(crate) use session::boundary as session_boundary;
 
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex, RwLock};

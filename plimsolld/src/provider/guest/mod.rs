@@ -1,5 +1,7 @@
-//! What every exec-capable provider shares inside its guests (issue #14 item 1): output capping
-//! ([`output`]), the notebook-cell machinery ([`cell`], [`cells`]) and the small exec trait
+//! What every exec-capable provider shares inside its guests (issue #14 item 1): the project
+//! runner's protocol and authenticated report ([`runner`], [`outcome`]), the session boundary's
+//! programs ([`boundary`]), output capping ([`output`]), the notebook-cell machinery ([`cell`],
+//! [`cells`]) and the small exec trait
 //! ([`GuestExec`]) each provider implements so that machinery runs over its own transport
 //! (`docker exec`, the openshell gateway's exec stream, e2b's envd).
 //!
@@ -13,9 +15,12 @@
 //! user or a working directory, so there every command runs as the sandbox's user, and the cell
 //! programs take their directories as arguments rather than relying on one.
 
+pub mod boundary;
 pub mod cell;
 pub mod cells;
+pub mod outcome;
 pub mod output;
+pub mod runner;
 
 use async_trait::async_trait;
 use tokio::time::Instant;

@@ -30,11 +30,11 @@ use super::proto::v1::exec_sandbox_event::Payload as Event;
 use super::proto::v1::exec_sandbox_input::Payload as Input;
 use super::proto::v1::{ExecSandboxEvent, ExecSandboxInput};
 use super::runs::WORK;
-use crate::provider::docker::project::GUARD;
 use crate::provider::guest::GuestExec;
 pub use crate::provider::guest::cell::Interpreter;
 use crate::provider::guest::cell::{Checker, Layout, RelayParent};
 use crate::provider::guest::cells::Target;
+use crate::provider::guest::outcome::GUARD;
 use crate::provider::guest::output::Capped;
 use crate::provider::guest::{Command, ExecError, Held, HeldInput, HeldOutput, Ran};
 

@@ -16,9 +16,9 @@ use super::gateway::GatewayError;
 use super::sandbox::Lease;
 use crate::grant::{GuestGrant, HOST_API_SOCKET, host_client};
 use crate::provider::ProjectPlan;
-use crate::provider::docker::project::{GUARD, REPORT_GRACE, RUNNER, classify_output};
-use crate::provider::docker::runner::{self, Plan, PlanFile, ReportKey};
 use crate::provider::docker::settings::OUTPUT_CAP;
+use crate::provider::guest::outcome::{GUARD, REPORT_GRACE, RUNNER, classify_output};
+use crate::provider::guest::runner::{self, Plan, PlanFile, ReportKey};
 
 /// A project's work directory in the sandbox.
 pub const WORK: &str = "/tmp/work";

@@ -28,7 +28,7 @@ use super::runs::{self, RunError};
 use super::sandbox::{Lease, SandboxError, phase};
 use super::{Inner, Proven};
 use crate::grant::GuestGrant;
-use crate::provider::docker::session_boundary::{self as boundary, Listed};
+use crate::provider::guest::boundary::{self, Listed};
 use crate::provider::{
     CellCall, CellOutcome, Hold, OpenedSession, ProjectPlan, ProjectReport, ProviderError,
     SessionFault, SessionOpen, SessionSandbox, SnippetOutcome,

@@ -163,7 +163,10 @@ mod tests {
         decoder.push(b"Z\0\0\0\0");
         assert_eq!(
             decoder.next_frame(),
-            Err(FrameError::UnknownTag(b'Z', "Z\\x00\\x00\\x00\\x00".to_owned()))
+            Err(FrameError::UnknownTag(
+                b'Z',
+                "Z\\x00\\x00\\x00\\x00".to_owned()
+            ))
         );
         let mut decoder = Decoder::default();
         decoder.push(&[b'O', 0xff, 0xff, 0xff, 0xff]);

@@ -16,7 +16,7 @@ use tokio::time::Instant;
 
 use super::super::engine::Engine;
 use super::super::exec::{self, Attached};
-use super::super::project::GUARD;
+use crate::provider::guest::outcome::GUARD;
 use base64::Engine as _;
 
 /// The agent program, run with `node -e` under the guard: the sweep, then project calls.
@@ -34,7 +34,7 @@ const ENV_GUEST_ID: &str = "PLIMSOLL_GUEST_ID";
 /// Agent stderr kept for the log.
 const STDERR_CAP: usize = 4096;
 /// The longest answer line: a project call's runner output, base64, with its frame.
-const MAX_LINE: usize = super::super::runner::STDOUT_CAP / 3 * 4 + 64 * 1024;
+const MAX_LINE: usize = crate::provider::guest::runner::STDOUT_CAP / 3 * 4 + 64 * 1024;
 /// Where the agent runs: not `/work`, which a guest may close to others.
 const AGENT_DIR: &str = "/";
 /// How long the agent may take to start and say it is ready.

@@ -7,45 +7,32 @@
 //! sweep program run by `docker exec` still quiesces a session whose interpreters could not be
 //! held.
 //!
-//! The guest-side programs (lister, sweep) and the baseline rule are shared with sessions on
-//! openshell, which run them through the gateway's exec instead of `docker exec`.
+//! The guest-side programs (lister, sweep) and the baseline rule live in
+//! [`crate::provider::guest::boundary`], shared with sessions on openshell.
 
 use std::time::Duration;
 
 use plimsoll::wire::SessionEnd;
-use serde::Deserialize;
 use tokio::time::Instant;
 
 use super::super::engine::Engine;
 use super::super::exec::{self, ExecSpec};
-use super::super::project::GUARD;
 use super::agent::Agent;
-use super::container::{SLEEP_ARGV, end_for};
+use super::container::end_for;
 use crate::provider::SessionFault;
+use crate::provider::guest::boundary::{
+    LISTER, Listed, MAX_ENTRIES, SWEEP, check_baseline, guarded_node,
+};
 use plimsoll::refusal::Refusal;
 
-/// The lister, run with `node -e`.
-pub(crate) const LISTER: &str = include_str!("lister.js");
-/// The sweep, run with `node -e` under the guard.
-pub(crate) const SWEEP: &str = include_str!("sweep.js");
 /// The sweep's and the lister's budget.
 const BUDGET: Duration = Duration::from_secs(20);
 /// What the sweep may print (nothing of it is trusted).
 const SWEEP_OUTPUT_CAP: usize = 4096;
 /// What the lister may print.
 const LISTER_OUTPUT_CAP: usize = 64 * 1024;
-/// The sweep's bound on entries walked.
-pub(crate) const MAX_ENTRIES: &str = "200000";
 /// The mounts the disk budget covers.
 const MOUNTS: &str = "/tmp,/work,/dev/shm";
-
-/// One process as the lister saw it.
-#[derive(Debug, Deserialize)]
-pub(crate) struct Listed {
-    pid: u64,
-    ppid: u64,
-    id: String,
-}
 
 /// The baseline: exactly PID 1 and one child of PID 1 whose command line is `sleep
 /// 2147483647`; answers their identities.
@@ -67,21 +54,6 @@ pub(in crate::provider::docker) async fn baseline(
     let listed: Vec<Listed> = serde_json::from_slice(&out.stdout)
         .map_err(|e| format!("the process lister's answer does not parse: {e}"))?;
     check_baseline(&listed)
-}
-
-pub(crate) fn check_baseline(listed: &[Listed]) -> Result<Vec<String>, String> {
-    let sleep_hex = hex::encode(SLEEP_ARGV.join("\0"));
-    let init = listed.iter().find(|p| p.pid == 1);
-    let sleep = listed
-        .iter()
-        .find(|p| p.ppid == 1 && p.id.rsplit(':').next() == Some(sleep_hex.as_str()));
-    match (listed.len(), init, sleep) {
-        (2, Some(init), Some(sleep)) => Ok(vec![init.id.clone(), sleep.id.clone()]),
-        _ => Err(format!(
-            "the session container holds {} processes, not exactly docker-init and sleep",
-            listed.len()
-        )),
-    }
 }
 
 /// The sweep after a call, run by the session's agent in-container; `Ok` only on a clean
@@ -149,24 +121,6 @@ async fn launch(
     run_bounded(engine, container, user, &command, SWEEP_OUTPUT_CAP).await
 }
 
-/// `node -e <script> <args…>` with the runner guard preloaded (non-dumpable from its start).
-pub(crate) fn guarded_node<'a>(
-    script: &str,
-    args: impl Iterator<Item = &'a String>,
-) -> Vec<String> {
-    let mut command = vec![
-        "/bin/sh".to_owned(),
-        "-c".to_owned(),
-        format!("export LD_PRELOAD={GUARD}; exec \"$@\""),
-        "sh".to_owned(),
-        "node".to_owned(),
-        "-e".to_owned(),
-        script.to_owned(),
-    ];
-    command.extend(args.cloned());
-    command
-}
-
 /// Runs one of the boundary's programs under an empty environment, within [`BUDGET`].
 async fn run_bounded(
     engine: &Engine,
@@ -228,38 +182,5 @@ async fn judge_exit(
                 "the between-calls cleanup could not be proven",
             ))
         }
-    }
-}
-
-#[cfg(test)]
-#[allow(clippy::unwrap_used, clippy::expect_used)]
-mod tests {
-    use super::*;
-
-    fn listed(pid: u64, ppid: u64, cmd: &str) -> Listed {
-        Listed {
-            pid,
-            ppid,
-            id: format!("{pid}:100:{}", hex::encode(cmd)),
-        }
-    }
-
-    #[test]
-    fn the_baseline_is_exactly_init_and_sleep() {
-        let ok = [
-            listed(1, 0, "/sbin/docker-init\0--\0/usr/bin/env"),
-            listed(7, 1, "sleep\x002147483647"),
-        ];
-        let ids = check_baseline(&ok).unwrap();
-        assert_eq!(ids.len(), 2);
-        assert!(ids[0].starts_with("1:100:"));
-        let extra = [
-            listed(1, 0, "init"),
-            listed(7, 1, "sleep\x002147483647"),
-            listed(9, 0, "node"),
-        ];
-        assert!(check_baseline(&extra).is_err());
-        let wrong = [listed(1, 0, "init"), listed(7, 1, "sleep\x001")];
-        assert!(check_baseline(&wrong).is_err());
     }
 }

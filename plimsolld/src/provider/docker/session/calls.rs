@@ -9,12 +9,13 @@ use tokio::time::Instant;
 
 use super::super::DockerError;
 use super::super::container::Finished;
-use super::super::project::{self, REPORT_GRACE};
-use super::super::runner::{self, ReportKey};
+use super::super::project;
 use super::super::settings::OUTPUT_CAP;
 use super::DockerSession;
 use super::container::end_for;
 use crate::grant::GuestGrant;
+use crate::provider::guest::outcome::REPORT_GRACE;
+use crate::provider::guest::runner::{self, ReportKey};
 use crate::provider::{ProjectPlan, ProjectReport, SessionFault, SnippetOutcome};
 
 /// The agent's `/proc` entries a step must fail to open: the agent runs as uid+1 and

@@ -14,9 +14,9 @@ use std::sync::Arc;
 use super::super::engine::Engine;
 use super::super::guest::ContainerExec;
 use super::super::lockdown::START_SCRIPT;
-use super::super::project::GUARD;
 use crate::provider::guest::GuestExec;
 use crate::provider::guest::cells::Target;
+use crate::provider::guest::outcome::GUARD;
 
 /// Where cells run and files land in a docker session.
 pub const WORK: &str = "/work";

@@ -3,6 +3,7 @@
 //! `CAP_SETUID`/`CAP_SETGID`; verified by inspection right
 //! after the start; and read back against that first inspection before every call.
 
+use crate::provider::guest::boundary::SLEEP_ARGV;
 use std::collections::HashMap;
 use std::time::Duration;
 
@@ -24,8 +25,6 @@ pub const NAME_PREFIX: &str = "plsm-session-";
 pub const LABEL_SESSION: &str = "io.plimsoll.session";
 /// Marks a warm pool member; its value is the member's warm language set, comma-separated.
 pub const LABEL_POOL: &str = "io.plimsoll.pool";
-/// The session container's only guest-visible process besides docker-init.
-pub const SLEEP_ARGV: [&str; 2] = ["sleep", "2147483647"];
 /// The capabilities a session container is created with, exactly: only the agent's exec (as
 /// root, moved to uid+1 by the guard before node runs) uses them, to start guest processes and
 /// to signal them with the guest uid as its effective uid. Every other process runs as a

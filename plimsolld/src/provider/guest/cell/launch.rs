@@ -30,10 +30,7 @@ pub const RELAY_JS: &str = include_str!("relay.js");
 pub const CHECK_JS: &str = include_str!("check.js");
 /// The ender, run as the guest by [`Interpreter::close`], after the identity check it shares
 /// with docker's hold (which is why that check lives beside docker's session programs).
-pub const END_JS: &str = concat!(
-    include_str!("../same.js"),
-    include_str!("end.js")
-);
+pub const END_JS: &str = concat!(include_str!("../same.js"), include_str!("end.js"));
 
 /// The launcher's kernel directory variable.
 pub const ENV_INTERP_DIR: &str = "PLIMSOLL_INTERP_DIR";
