@@ -12,7 +12,9 @@ use std::time::Duration;
 
 use bollard::container::LogOutput;
 use bollard::models::{ContainerCreateBody, HostConfig, ResourcesUlimits};
-use bollard::query_parameters::{CreateContainerOptions, ListContainersOptions};
+use bollard::query_parameters::{
+    CreateContainerOptions, ListContainersOptions, RemoveContainerOptions,
+};
 use futures::StreamExt;
 use sim_support::docker::{self as engine, DockerError, Engine, Output, bounded};
 
@@ -207,8 +209,21 @@ impl Vms {
     }
 
     /// `rm -f`; a container already gone is fine.
+    /// Within [`QUICK`], not the engine's longer budget: a removal docker cannot finish (seen
+    /// with a paused container) must not hold up the startup sweep; the next sweep retries.
     pub async fn remove(&self, container: &str) {
-        let _ = self.docker.remove(container).await;
+        let options = RemoveContainerOptions {
+            force: true,
+            v: true,
+            link: false,
+        };
+        let api = self.docker.api();
+        let _ = bounded(
+            "remove",
+            QUICK,
+            api.remove_container(container, Some(options)),
+        )
+        .await;
     }
 
     pub async fn pause(&self, container: &str) -> Result<(), VmError> {
