@@ -77,17 +77,39 @@ fn exit_of(ending: Ending, vm: &Vm) -> Result<i32, RunError> {
 /// prepended. Code that fits in one environment string travels with the process start and
 /// the process writes its own file: one envd call where an upload and a start were two.
 /// Larger code (or code with a NUL, which no environment can hold) is uploaded first.
+/// A session's VM always gets the file uploaded: its later calls never see the code in a
+/// process's arguments or environment.
 pub async fn snippet(
     vm: &Vm,
     code: &str,
     timeout: Duration,
     library: Option<&str>,
 ) -> Result<SnippetRan, RunError> {
+    run_snippet(vm, code, timeout, library, false).await
+}
+
+/// [`snippet`] in a VM made for this one run (nothing runs in it after), inline when it fits.
+pub async fn fresh_snippet(
+    vm: &Vm,
+    code: &str,
+    timeout: Duration,
+    library: Option<&str>,
+) -> Result<SnippetRan, RunError> {
+    run_snippet(vm, code, timeout, library, true).await
+}
+
+async fn run_snippet(
+    vm: &Vm,
+    code: &str,
+    timeout: Duration,
+    library: Option<&str>,
+    fresh: bool,
+) -> Result<SnippetRan, RunError> {
     let code = match library {
         Some(library) => format!("{library}{code}"),
         None => code.to_owned(),
     };
-    let inline = code.len() <= INLINE_MAX && !code.contains('\0');
+    let inline = fresh && code.len() <= INLINE_MAX && !code.contains('\0');
     if !inline {
         vm.envd
             .upload(&[(SNIPPET_FILE.to_owned(), code.clone().into_bytes())])
