@@ -1,8 +1,8 @@
 //! Snippets and projects in a VM (grants.md §6.5).
 //!
-//! A snippet is written to `/tmp/plimsoll-snippet.cjs` and run with `node`: up to 64 KiB it
-//! travels in the process start's environment and the process writes the file itself, larger
-//! code is uploaded first (no argv or environment limits).
+//! A snippet is written to `/tmp/plimsoll-snippet.cjs` and run with `node`: in a VM made for
+//! one run, up to 64 KiB travels in the process start's environment and the process writes the
+//! file itself; larger code, and a session's, is uploaded first (no argv or environment limits).
 //! A project's files go under `/home/user/project` and each step into its own
 //! `/tmp/plimsoll-step-<i>.sh`, all in one multipart upload; each step is then its own envd
 //! process, `sh <script>` in the project directory, with what is left of the budget. The
