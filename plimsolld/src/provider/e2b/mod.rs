@@ -216,7 +216,7 @@ impl E2b {
         let granted = self.granted(run.grant.as_deref())?;
         let (rule, library) = granted.map_or((None, None), |(r, l)| (Some(r), Some(l)));
         let vm = self.vm(timeout, run.hold, rule, &[]).await?;
-        let ran = runs::snippet(&vm, &run.code, timeout, library.as_deref())
+        let ran = runs::fresh_snippet(&vm, &run.code, timeout, library.as_deref())
             .await
             .map_err(|e| ProviderError::from(E2bError::from(e)))?;
         let (stdout, stdout_truncated) = ran.finished.stdout.into_parts();

@@ -1,8 +1,8 @@
 //! Snippets and projects in a VM (grants.md §6.5).
 //!
-//! A snippet is written to `/tmp/plimsoll-snippet.cjs` and run with `node`: up to 64 KiB it
-//! travels in the process start's environment and the process writes the file itself, larger
-//! code is uploaded first (no argv or environment limits).
+//! A snippet is written to `/tmp/plimsoll-snippet.cjs` and run with `node`: in a VM made for
+//! one run, up to 64 KiB travels in the process start's environment and the process writes the
+//! file itself; larger code, and a session's, is uploaded first (no argv or environment limits).
 //! A project's files go under `/home/user/project` and each step into its own
 //! `/tmp/plimsoll-step-<i>.sh`, all in one multipart upload; each step is then its own envd
 //! process, `sh <script>` in the project directory, with what is left of the budget. The
@@ -77,17 +77,39 @@ fn exit_of(ending: Ending, vm: &Vm) -> Result<i32, RunError> {
 /// prepended. Code that fits in one environment string travels with the process start and
 /// the process writes its own file: one envd call where an upload and a start were two.
 /// Larger code (or code with a NUL, which no environment can hold) is uploaded first.
+/// A session's VM always gets the file uploaded: its later calls never see the code in a
+/// process's arguments or environment.
 pub async fn snippet(
     vm: &Vm,
     code: &str,
     timeout: Duration,
     library: Option<&str>,
 ) -> Result<SnippetRan, RunError> {
+    run_snippet(vm, code, timeout, library, false).await
+}
+
+/// [`snippet`] in a VM made for this one run (nothing runs in it after), inline when it fits.
+pub async fn fresh_snippet(
+    vm: &Vm,
+    code: &str,
+    timeout: Duration,
+    library: Option<&str>,
+) -> Result<SnippetRan, RunError> {
+    run_snippet(vm, code, timeout, library, true).await
+}
+
+async fn run_snippet(
+    vm: &Vm,
+    code: &str,
+    timeout: Duration,
+    library: Option<&str>,
+    fresh: bool,
+) -> Result<SnippetRan, RunError> {
     let code = match library {
         Some(library) => format!("{library}{code}"),
         None => code.to_owned(),
     };
-    let inline = code.len() <= INLINE_MAX && !code.contains('\0');
+    let inline = fresh && code.len() <= INLINE_MAX && !code.contains('\0');
     if !inline {
         vm.envd
             .upload(&[(SNIPPET_FILE.to_owned(), code.clone().into_bytes())])

@@ -152,6 +152,7 @@ pub async fn run_exec(
                 working_dir: request.working_dir,
                 env: request.env,
                 tty: false,
+                closed_stdin: false,
             },
             &[],
             EXEC_CAPTURE,

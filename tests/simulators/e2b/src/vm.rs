@@ -1,33 +1,30 @@
 //! The VMs: one docker container each, locked down like plimsoll's own guests, and the agent
 //! execs that stand in for envd's work inside them.
 //!
-//! Every call to the Engine has its own time budget: a gVisor sandbox that dies mid-call must
-//! not hang the simulator. Every container carries `io.plimsoll.simulator=e2b`, this
+//! Every call to the Engine has its own time budget (`sim_support::docker`, which the other
+//! simulators use too): a gVisor sandbox that dies mid-call must not hang the simulator. Every container carries `io.plimsoll.simulator=e2b`, this
 //! simulator's instance id and its owner (pid and start time), so a later simulator can remove
 //! what a killed one left behind.
 
 use std::collections::HashMap;
-use std::future::Future;
-use std::path::PathBuf;
-use std::pin::Pin;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use bollard::container::LogOutput;
-use bollard::exec::{CreateExecOptions, StartExecOptions, StartExecResults};
 use bollard::models::{ContainerCreateBody, HostConfig, ResourcesUlimits};
 use bollard::query_parameters::{
     CreateContainerOptions, ListContainersOptions, RemoveContainerOptions,
 };
-use futures::{Stream, StreamExt};
-use tokio::io::AsyncWrite;
+use futures::StreamExt;
+use sim_support::docker::{self as engine, DockerError, Engine, Output, bounded};
 
 use crate::config::{Runtime, Template};
 use crate::frames::{Decoder, Frame};
 use crate::guest::{AGENT_PATH, EGRESS_DIR};
 
 /// Every simulator container carries this label with the value `e2b`.
-pub const LABEL: &str = "io.plimsoll.simulator";
-const LABEL_INSTANCE: &str = "io.plimsoll.simulator.instance";
+pub const LABEL: &str = engine::LABEL_SIMULATOR;
+const LABEL_INSTANCE: &str = engine::LABEL_INSTANCE;
 const LABEL_OWNER: &str = "io.plimsoll.simulator.owner";
 const LABEL_SANDBOX: &str = "io.plimsoll.simulator.sandbox";
 /// The search path of every VM process (E2B's templates have this one).
@@ -37,42 +34,18 @@ const QUICK: Duration = Duration::from_secs(15);
 /// How long an agent operation may stay silent before it counts as hung (a process stream
 /// turns this off: a quiet process is normal).
 const AGENT_IDLE: Duration = Duration::from_secs(60);
-const START: Duration = Duration::from_secs(30);
+/// The Docker Engine's socket.
+const DOCKER_SOCKET: &str = "/var/run/docker.sock";
 
 /// What went wrong with docker.
 #[derive(Debug, thiserror::Error)]
 pub enum VmError {
-    #[error("docker {call}: {source}")]
-    Api {
-        call: &'static str,
-        source: Box<bollard::errors::Error>,
-    },
-    #[error("docker {call} did not answer within {budget:?}")]
-    Timeout {
-        call: &'static str,
-        budget: Duration,
-    },
-    #[error("docker exec did not attach")]
-    NotAttached,
+    #[error(transparent)]
+    Docker(#[from] DockerError),
     #[error("agent output: {0}")]
     Frames(#[from] crate::frames::FrameError),
     #[error("agent output ended early{0}")]
     Truncated(String),
-}
-
-async fn bounded<T>(
-    call: &'static str,
-    budget: Duration,
-    fut: impl Future<Output = Result<T, bollard::errors::Error>>,
-) -> Result<T, VmError> {
-    match tokio::time::timeout(budget, fut).await {
-        Ok(Ok(value)) => Ok(value),
-        Ok(Err(source)) => Err(VmError::Api {
-            call,
-            source: Box::new(source),
-        }),
-        Err(_) => Err(VmError::Timeout { call, budget }),
-    }
 }
 
 /// The host files a VM mounts.
@@ -85,32 +58,25 @@ pub struct VmFiles {
 
 /// The docker side of the simulator.
 pub struct Vms {
-    docker: bollard::Docker,
+    docker: Engine,
     runtime: Runtime,
     instance: String,
     agent: PathBuf,
 }
 
-type Output = Pin<Box<dyn Stream<Item = Result<LogOutput, bollard::errors::Error>> + Send>>;
 /// The stdin of an exec.
-pub type Input = Pin<Box<dyn AsyncWrite + Send>>;
+pub use engine::Input;
 
 // === impl Vms ===
 
 impl Vms {
     /// Connects to the local docker and settles `runtime` (auto: runsc when registered).
     pub async fn connect(runtime: Runtime, instance: &str, agent: PathBuf) -> Result<Vms, VmError> {
-        let docker =
-            bollard::Docker::connect_with_local_defaults().map_err(|source| VmError::Api {
-                call: "connect",
-                source: Box::new(source),
-            })?;
-        let docker = bounded("version", QUICK, docker.negotiate_version()).await?;
+        let docker = Engine::connect(Path::new(DOCKER_SOCKET)).await?;
         let runtime = match runtime {
             Runtime::Auto => {
-                let info = bounded("info", QUICK, docker.info()).await?;
-                let has_runsc = info.runtimes.is_some_and(|r| r.contains_key("runsc"));
-                if has_runsc {
+                let (runtimes, _) = docker.runtimes_and_version().await?;
+                if runtimes.iter().any(|r| r == "runsc") {
                     Runtime::Runsc
                 } else {
                     Runtime::Runc
@@ -232,43 +198,42 @@ impl Vms {
         let created = bounded(
             "create",
             QUICK,
-            self.docker.create_container(Some(options), body),
+            self.docker.api().create_container(Some(options), body),
         )
         .await?;
-        if let Err(e) = bounded(
-            "start",
-            START,
-            self.docker.start_container(&created.id, None),
-        )
-        .await
-        {
+        if let Err(e) = self.docker.start(&created.id).await {
             self.remove(&created.id).await;
-            return Err(e);
+            return Err(e.into());
         }
         Ok(created.id)
     }
 
     /// `rm -f`; a container already gone is fine.
+    /// Within [`QUICK`], not the engine's longer budget: a removal docker cannot finish (seen
+    /// with a paused container) must not hold up the startup sweep; the next sweep retries.
     pub async fn remove(&self, container: &str) {
         let options = RemoveContainerOptions {
             force: true,
             v: true,
             link: false,
         };
+        let api = self.docker.api();
         let _ = bounded(
             "remove",
             QUICK,
-            self.docker.remove_container(container, Some(options)),
+            api.remove_container(container, Some(options)),
         )
         .await;
     }
 
     pub async fn pause(&self, container: &str) -> Result<(), VmError> {
-        bounded("pause", QUICK, self.docker.pause_container(container)).await
+        let api = self.docker.api();
+        Ok(bounded("pause", QUICK, api.pause_container(container)).await?)
     }
 
     pub async fn unpause(&self, container: &str) -> Result<(), VmError> {
-        bounded("unpause", QUICK, self.docker.unpause_container(container)).await
+        let api = self.docker.api();
+        Ok(bounded("unpause", QUICK, api.unpause_container(container)).await?)
     }
 
     /// Removes every container of this instance, and those of simulators that are gone.
@@ -281,8 +246,8 @@ impl Vms {
             )])),
             ..Default::default()
         };
-        let Ok(list) = bounded("list", QUICK, self.docker.list_containers(Some(options))).await
-        else {
+        let api = self.docker.api();
+        let Ok(list) = bounded("list", QUICK, api.list_containers(Some(options))).await else {
             return 0;
         };
         let mut removed = 0;
@@ -310,45 +275,19 @@ impl Vms {
         argv: Vec<String>,
         stdin: bool,
     ) -> Result<Exec, VmError> {
-        let options = CreateExecOptions {
-            attach_stdin: Some(stdin),
-            attach_stdout: Some(true),
-            attach_stderr: Some(true),
-            tty: Some(false),
-            env: Some(Vec::new()),
-            cmd: Some(argv),
-            privileged: Some(false),
-            user: Some(user.to_owned()),
+        let command = engine::Command {
             working_dir: Some("/".to_owned()),
-            detach_keys: None,
+            closed_stdin: !stdin,
+            ..engine::Command::new(argv, user)
         };
-        let created = bounded(
-            "exec create",
-            QUICK,
-            self.docker.create_exec(container, options),
-        )
-        .await?;
-        let start = StartExecOptions {
-            detach: false,
-            tty: false,
-            output_capacity: Some(64 * 1024),
-        };
-        match bounded(
-            "exec start",
-            START,
-            self.docker.start_exec(&created.id, Some(start)),
-        )
-        .await?
-        {
-            StartExecResults::Attached { output, input } => Ok(Exec {
-                output,
-                input: Some(input),
-                decoder: Decoder::default(),
-                stderr: Vec::new(),
-                idle: Some(AGENT_IDLE),
-            }),
-            StartExecResults::Detached => Err(VmError::NotAttached),
-        }
+        let attached = self.docker.exec(container, command).await?;
+        Ok(Exec {
+            output: attached.output,
+            input: stdin.then_some(attached.input),
+            decoder: Decoder::default(),
+            stderr: Vec::new(),
+            idle: Some(AGENT_IDLE),
+        })
     }
 
     /// Runs the agent with `args` as `user`, feeding `stdin` when given.
@@ -399,10 +338,11 @@ impl Exec {
                 Some(budget) => match tokio::time::timeout(budget, self.output.next()).await {
                     Ok(next) => next,
                     Err(_) => {
-                        return Err(VmError::Timeout {
+                        return Err(DockerError::Timeout {
                             call: "agent output",
                             budget,
-                        });
+                        }
+                        .into());
                     }
                 },
                 None => self.output.next().await,
@@ -416,10 +356,11 @@ impl Exec {
                 }
                 Some(Ok(_)) => {}
                 Some(Err(source)) => {
-                    return Err(VmError::Api {
+                    return Err(DockerError::Api {
                         call: "exec output",
                         source: Box::new(source),
-                    });
+                    }
+                    .into());
                 }
                 None if self.decoder.pending() == 0 => return Ok(None),
                 None => return Err(VmError::Truncated(self.stderr_note())),

@@ -90,6 +90,8 @@ pub struct Command {
     /// `KEY=value` pairs added to its environment.
     pub env: Vec<String>,
     pub tty: bool,
+    /// No stdin attached: the process reads end-of-file at once.
+    pub closed_stdin: bool,
 }
 
 impl Command {
@@ -228,10 +230,11 @@ impl Engine {
         Ok(found.into_iter().filter_map(|c| c.id).collect())
     }
 
-    /// Starts a command in the container with stdin, stdout and stderr attached.
+    /// Starts a command in the container with stdout and stderr (and stdin, unless
+    /// `closed_stdin`) attached.
     pub async fn exec(&self, container: &str, command: Command) -> Result<Attached, DockerError> {
         let options = CreateExecOptions {
-            attach_stdin: Some(true),
+            attach_stdin: Some(!command.closed_stdin),
             attach_stdout: Some(true),
             attach_stderr: Some(true),
             tty: Some(command.tty),
