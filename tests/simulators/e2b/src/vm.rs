@@ -62,6 +62,11 @@ pub struct Vms {
     runtime: Runtime,
     instance: String,
     agent: PathBuf,
+    /// Execs start under the read side, a pause takes the write side: a `docker pause` that
+    /// lands while runc is still moving an exec's process into the container's cgroup
+    /// freezes that exec's setup for good, and every later engine call on the container
+    /// with it (E2B's own pause simply drops the streams).
+    pausing: tokio::sync::RwLock<()>,
 }
 
 /// The stdin of an exec.
@@ -89,6 +94,7 @@ impl Vms {
             runtime,
             instance: instance.to_owned(),
             agent,
+            pausing: tokio::sync::RwLock::new(()),
         })
     }
 
@@ -227,8 +233,38 @@ impl Vms {
     }
 
     pub async fn pause(&self, container: &str) -> Result<(), VmError> {
+        let _no_new_execs = self.pausing.write().await;
+        self.settle_execs(container).await;
         let api = self.docker.api();
         Ok(bounded("pause", QUICK, api.pause_container(container)).await?)
+    }
+
+    /// Waits (within [`QUICK`]) until every exec docker lists for `container` has a process
+    /// or has ended: one still being set up has neither.
+    async fn settle_execs(&self, container: &str) {
+        let api = self.docker.api();
+        let until = tokio::time::Instant::now() + QUICK;
+        loop {
+            let Ok(inspected) =
+                bounded("inspect", QUICK, api.inspect_container(container, None)).await
+            else {
+                return;
+            };
+            let mut starting = false;
+            for id in inspected.exec_ids.unwrap_or_default() {
+                if let Ok(exec) = bounded("exec inspect", QUICK, api.inspect_exec(&id)).await
+                    && exec.exit_code.is_none()
+                    && exec.pid.unwrap_or(0) == 0
+                {
+                    starting = true;
+                    break;
+                }
+            }
+            if !starting || tokio::time::Instant::now() >= until {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
     }
 
     pub async fn unpause(&self, container: &str) -> Result<(), VmError> {
@@ -280,7 +316,10 @@ impl Vms {
             closed_stdin: !stdin,
             ..engine::Command::new(argv, user)
         };
-        let attached = self.docker.exec(container, command).await?;
+        let attached = {
+            let _not_pausing = self.pausing.read().await;
+            self.docker.exec(container, command).await?
+        };
         Ok(Exec {
             output: attached.output,
             input: stdin.then_some(attached.input),
