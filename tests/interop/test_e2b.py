@@ -19,18 +19,12 @@ PLIMSOLL_TEST_DOCKER_SKIP=1.
 
 from __future__ import annotations
 
-<<<<<<< HEAD
 import hashlib
 import json
 import os
 import pathlib
 import re
 import secrets
-import subprocess
-=======
-import pathlib
-import re
->>>>>>> e2bbench
 import sys
 import tempfile
 import unittest
