@@ -57,3 +57,11 @@ mod daemon;
 
 pub use clients_file::{ClientsFile, fresh_token};
 pub use daemon::{Daemon, Finished, binary, finish, stop};
+
+/// How many rounds a benchmark runs: `PLIMSOLL_BENCH_N` when it parses, else `default`.
+pub fn bench_n(default: usize) -> usize {
+    std::env::var("PLIMSOLL_BENCH_N")
+        .ok()
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(default)
+}

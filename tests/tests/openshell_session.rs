@@ -390,10 +390,7 @@ fn bench_warm_cells_and_session_calls_against_the_gateway_exec() {
     if !docker_ready() {
         return;
     }
-    let n: usize = std::env::var("PLIMSOLL_BENCH_N")
-        .ok()
-        .and_then(|n| n.parse().ok())
-        .unwrap_or(50);
+    let n = plimsoll_tests::bench_n(50);
     let gw = Gateway::start();
     let Some(d) = gw.session_daemon(&[("SANDBOX_MAX_SESSIONS", "2")]) else {
         return;

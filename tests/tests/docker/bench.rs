@@ -113,10 +113,7 @@ fn percentile(sorted: &[f64], p: f64) -> f64 {
 #[ignore = "benchmark: cargo test -p plimsoll-tests --test docker -- --ignored --nocapture bench"]
 fn bench_daemon_against_raw_docker_run() {
     require_docker!();
-    let n: usize = std::env::var("PLIMSOLL_BENCH_N")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(30);
+    let n = plimsoll_tests::bench_n(30);
     let d = Daemon::start(&env_with(&[]));
     let id = image_id(snippet_image());
     let mut flags = raw_flags(false);
@@ -186,10 +183,7 @@ fn report(label: &str, n: usize, daemon_ms: &[f64], raw_ms: &[f64]) {
 #[ignore = "benchmark: cargo test -p plimsoll-tests --test docker -- --ignored --nocapture bench"]
 fn bench_projects_against_raw_docker_run() {
     require_docker!();
-    let n: usize = std::env::var("PLIMSOLL_BENCH_N")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(20);
+    let n = plimsoll_tests::bench_n(20);
     let d = Daemon::start(&env_with(&[]));
     let id = image_id(project_image());
     let cases = [
@@ -248,10 +242,7 @@ fn bench_module_oscillator_against_the_worker_in_a_container() {
         return;
     }
     const ROWS: usize = 1000;
-    let n: usize = std::env::var("PLIMSOLL_BENCH_N")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(20);
+    let n = plimsoll_tests::bench_n(20);
     let module_image = plimsoll_tests::docker::module_image();
     let d = Daemon::start(&env_with(&[("SANDBOX_DOCKER_MODULE_IMAGE", module_image)]));
     let table: Vec<[f64; 4]> = (0..ROWS)

@@ -7,7 +7,7 @@ use std::time::Instant;
 use serde_json::{Value, json};
 
 use super::session::{cell, close_as, open, session_run_as};
-use super::session_pool::sorted_percentile;
+use super::session_pool::{baseline_container, sorted_percentile};
 use super::{Daemon, docker, docker_ready, env_with, field, stop};
 
 /// A project call shaped like the published client's `Workspace.exec("echo hi")`: the command
@@ -32,20 +32,9 @@ fn timed(f: impl FnOnce()) -> f64 {
 #[ignore = "benchmark: scripts/bench-session-calls"]
 fn bench_session_calls_back_to_back() {
     require_docker!();
-    let n: usize = std::env::var("PLIMSOLL_BENCH_N")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(30);
+    let n = plimsoll_tests::bench_n(30);
     let d = Daemon::start(&env_with(&[("SANDBOX_MAX_SESSIONS", "2")]));
-    let mut run_args = vec!["run", "-d", "--rm", "--network", "none"];
-    if plimsoll_tests::docker::runsc() {
-        run_args.extend(["--runtime", "runsc"]);
-    }
-    let image = plimsoll_tests::docker::project_image();
-    run_args.extend(["--entrypoint", "/usr/bin/env", image, "sleep", "900"]);
-    let (ok, baseline) = docker(&run_args);
-    assert!(ok, "{baseline}");
-    let baseline = baseline.trim().to_owned();
+    let baseline = baseline_container();
     let (id, _) = open(&d, json!({ "languages": ["python"] }));
     let warm = cell(&d, &id, "python", "6 * 7");
     assert_eq!(field(&warm, "stdout"), "42\n", "{warm}");

@@ -313,6 +313,20 @@ fn a_member_that_fails_its_verification_is_ended_not_handed_out() {
 
 // === the benchmark ===
 
+/// A container of the project image under the test's runtime, idle for 15 minutes: what a
+/// benchmark's `docker exec <container> true` baseline runs in. Answers its id.
+pub(super) fn baseline_container() -> String {
+    let mut run_args = vec!["run", "-d", "--rm", "--network", "none"];
+    if plimsoll_tests::docker::runsc() {
+        run_args.extend(["--runtime", "runsc"]);
+    }
+    let image = plimsoll_tests::docker::project_image();
+    run_args.extend(["--entrypoint", "/usr/bin/env", image, "sleep", "900"]);
+    let (ok, id) = docker(&run_args);
+    assert!(ok, "{id}");
+    id.trim().to_owned()
+}
+
 pub(super) fn sorted_percentile(sorted: &[f64], p: f64) -> f64 {
     let rank = ((p / 100.0) * (sorted.len() as f64 - 1.0)).round() as usize;
     sorted[rank.min(sorted.len() - 1)]
@@ -337,21 +351,10 @@ fn open_and_first_cell(d: &Daemon) -> f64 {
 #[ignore = "benchmark: cargo test -p plimsoll-tests --test docker -- --ignored --nocapture bench_session_pool"]
 fn bench_session_pool_open_and_first_python_cell() {
     require_docker!();
-    let n: usize = std::env::var("PLIMSOLL_BENCH_N")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(15);
+    let n = plimsoll_tests::bench_n(15);
     let pooled_d = pooled("2", "4");
     let plain = Daemon::start(&env_with(&[("SANDBOX_MAX_SESSIONS", "4")]));
-    let mut run_args = vec!["run", "-d", "--rm", "--network", "none"];
-    if plimsoll_tests::docker::runsc() {
-        run_args.extend(["--runtime", "runsc"]);
-    }
-    let image = plimsoll_tests::docker::project_image();
-    run_args.extend(["--entrypoint", "/usr/bin/env", image, "sleep", "900"]);
-    let (ok, baseline) = docker(&run_args);
-    assert!(ok, "{baseline}");
-    let baseline = baseline.trim().to_owned();
+    let baseline = baseline_container();
     let exec = || {
         let t = Instant::now();
         let (ok, out) = docker(&["exec", &baseline, "true"]);

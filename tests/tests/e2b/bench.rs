@@ -21,10 +21,7 @@ fn quantile(times: &mut [Duration], p: f64) -> f64 {
 #[ignore = "benchmark: run with --ignored --nocapture"]
 fn bench_snippet_through_the_daemon_against_the_simulator() {
     require_e2b!();
-    let n: usize = std::env::var("PLIMSOLL_BENCH_N")
-        .ok()
-        .and_then(|n| n.parse().ok())
-        .unwrap_or(30);
+    let n = plimsoll_tests::bench_n(30);
     let code = "console.log(6 * 7)";
     let e2b = E2bSim::start();
     let d = e2b.daemon(&[]);

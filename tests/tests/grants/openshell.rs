@@ -261,10 +261,7 @@ fn bench_granted_call_through_the_relay_against_docker() {
     if !docker_ready() {
         return;
     }
-    let calls: usize = std::env::var("PLIMSOLL_BENCH_N")
-        .ok()
-        .and_then(|n| n.parse().ok())
-        .unwrap_or(200);
+    let calls = plimsoll_tests::bench_n(200);
     let f = Fixture::start();
     let gw = Gateway::start();
     let (os_p50, os_p95) = {
