@@ -15,6 +15,7 @@ use base64::engine::general_purpose::STANDARD;
 use bytes::{Buf, Bytes, BytesMut};
 use http::{HeaderMap, HeaderValue, Method, StatusCode};
 use http_body_util::BodyExt;
+use hyper::body::Incoming;
 use serde::Deserialize;
 
 use super::api::encode;
@@ -271,10 +272,35 @@ impl Envd {
         Ok((headers, body))
     }
 
+    /// Sends `command`'s `Start` (within `budget` for the answer's head) and answers the
+    /// stream's body once envd accepted it.
+    pub(super) async fn start(
+        &self,
+        command: &Command<'_>,
+        stdin: bool,
+        budget: Duration,
+    ) -> Result<Incoming, EnvdError> {
+        let (headers, body) = self.start_request(command, stdin)?;
+        let response = self
+            .client
+            .send(
+                Method::POST,
+                "/process.Process/Start",
+                headers,
+                Bytes::from(body),
+                self.host.as_deref(),
+                budget,
+            )
+            .await?;
+        if response.status != StatusCode::OK {
+            return Err(EnvdError::Refused(response.error_text().await));
+        }
+        Ok(response.body)
+    }
+
     /// Starts `command` and follows its stream to the end, the deadline or a loss.
     pub async fn run(&self, command: &Command<'_>) -> Result<Finished, EnvdError> {
         let started = Instant::now();
-        let (headers, body) = self.start_request(command, false)?;
         let mut finished = Finished {
             stdout: Capped::new(command.stdout_cap),
             stderr: Capped::new(command.stderr_cap),
@@ -283,21 +309,10 @@ impl Envd {
         };
         let deadline = tokio::time::Instant::now() + command.timeout + DEADLINE_SLACK;
         let stream = async {
-            let response = self
-                .client
-                .send(
-                    Method::POST,
-                    "/process.Process/Start",
-                    headers,
-                    Bytes::from(body),
-                    self.host.as_deref(),
-                    command.timeout + DEADLINE_SLACK,
-                )
+            let body = self
+                .start(command, false, command.timeout + DEADLINE_SLACK)
                 .await?;
-            if response.status != StatusCode::OK {
-                return Err(EnvdError::Refused(response.error_text().await));
-            }
-            follow(response.body, &mut finished).await
+            follow(body, &mut finished).await
         };
         let ending = match tokio::time::timeout_at(deadline, stream).await {
             Ok(Ok(ending)) => ending,

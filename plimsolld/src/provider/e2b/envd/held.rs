@@ -38,23 +38,9 @@ impl super::Envd {
         &self,
         command: &Command<'_>,
     ) -> Result<(HeldStdin, HeldStdout), EnvdError> {
-        let (headers, body) = self.start_request(command, true)?;
-        let response = self
-            .client
-            .send(
-                Method::POST,
-                "/process.Process/Start",
-                headers,
-                Bytes::from(body),
-                self.host.as_deref(),
-                UNARY_BUDGET,
-            )
-            .await?;
-        if response.status != StatusCode::OK {
-            return Err(EnvdError::Refused(response.error_text().await));
-        }
+        let body = self.start(command, true, UNARY_BUDGET).await?;
         let mut stdout = HeldStdout {
-            body: response.body,
+            body,
             buf: BytesMut::new(),
             pending: Vec::new(),
             stderr: Capped::new(command.stderr_cap),
