@@ -6,12 +6,9 @@
 //! with a writable `/tmp`, every capability dropped, no new privileges, a process limit,
 //! the requested memory and CPUs, and `--init` so orphans are reaped.
 
-use std::collections::HashMap;
 use std::path::Path;
 
 use bollard::container::LogOutput;
-use bollard::models::{ContainerCreateBody, HostConfig};
-use bollard::query_parameters::CreateContainerOptions;
 use futures::StreamExt;
 use sim_support::docker::{Engine, QUICK, bounded};
 use tokio::io::AsyncWriteExt;
@@ -31,24 +28,6 @@ pub struct Captured {
     pub stderr: Vec<u8>,
     /// Some output was discarded at the cap.
     pub incomplete: bool,
-}
-
-/// What a sandbox container is made from.
-#[derive(Debug, Clone)]
-pub struct ContainerPlan {
-    pub name: String,
-    pub image: String,
-    pub cmd: Vec<String>,
-    pub labels: HashMap<String, String>,
-    pub memory_bytes: i64,
-    pub nano_cpus: i64,
-    pub tmp_mib: u64,
-    pub user: String,
-    pub pids_limit: i64,
-    pub runtime: String,
-    /// `name:ip` entries for /etc/hosts (the guard host points at the sandbox's own
-    /// loopback, where the egress forwarder listens once the policy allows it).
-    pub extra_hosts: Vec<String>,
 }
 
 /// The engine, plus what this simulator does its own way: its containers and its
@@ -87,48 +66,6 @@ impl Docker {
         )
         .await?;
         Ok(inspected.id.unwrap_or_default())
-    }
-
-    pub async fn create(&self, plan: &ContainerPlan) -> Result<String, DockerError> {
-        let host = HostConfig {
-            network_mode: Some("none".into()),
-            readonly_rootfs: Some(true),
-            cap_drop: Some(vec!["ALL".into()]),
-            security_opt: Some(vec!["no-new-privileges".into()]),
-            pids_limit: Some(plan.pids_limit),
-            memory: Some(plan.memory_bytes),
-            memory_swap: Some(plan.memory_bytes),
-            nano_cpus: Some(plan.nano_cpus),
-            tmpfs: Some(HashMap::from([(
-                "/tmp".to_owned(),
-                format!("rw,exec,nosuid,nodev,size={}m,mode=1777", plan.tmp_mib),
-            )])),
-            extra_hosts: Some(plan.extra_hosts.clone()),
-            init: Some(true),
-            runtime: Some(plan.runtime.clone()),
-            ..Default::default()
-        };
-        let body = ContainerCreateBody {
-            image: Some(plan.image.clone()),
-            cmd: Some(plan.cmd.clone()),
-            entrypoint: Some(Vec::new()),
-            user: Some(plan.user.clone()),
-            working_dir: Some("/".into()),
-            labels: Some(plan.labels.clone()),
-            host_config: Some(host),
-            ..Default::default()
-        };
-        let options = CreateContainerOptions {
-            name: Some(plan.name.clone()),
-            platform: String::new(),
-        };
-        let created = bounded(
-            "container create",
-            QUICK,
-            self.engine.api().create_container(Some(options), body),
-        )
-        .await?;
-        Ok(created.id)
     }
 
     /// Runs `argv` to completion with `stdin` as its whole input, keeping at most `cap`

@@ -6,11 +6,12 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
-use crate::docker::{ContainerPlan, LABEL_INSTANCE, LABEL_SIMULATOR, LABEL_SIMULATOR_VALUE};
+use crate::docker::{LABEL_INSTANCE, LABEL_SIMULATOR, LABEL_SIMULATOR_VALUE};
 use crate::error::{ApiError, Code};
 use crate::faults::StuckOperation;
 use crate::ids::hex_id;
 use crate::state::{OnTimeout, Operation, OperationKind, Sandbox, State, Status};
+use sim_support::docker::LockedDown;
 
 /// The timeout a sandbox gets when its create names none (the service's one-hour default).
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(3600);
@@ -195,7 +196,7 @@ async fn provision(state: Arc<State>, id: String, op_id: String, image_known: bo
     if let Some(host) = &settings.guard_host {
         extra_hosts.push(format!("{host}:127.0.0.1"));
     }
-    let plan = ContainerPlan {
+    let plan = LockedDown {
         name: format!("plimsoll-sim-dc-{}-{id}", settings.instance),
         image: sandbox.local_image.clone(),
         cmd: sandbox.start_cmd.clone(),
@@ -204,15 +205,21 @@ async fn provision(state: Arc<State>, id: String, op_id: String, image_known: bo
             (LABEL_INSTANCE.to_owned(), settings.instance.clone()),
             ("io.plimsoll.simulator.sandbox".to_owned(), id.clone()),
         ]),
-        memory_bytes: i64::try_from(sandbox.memory_mib.saturating_mul(1 << 20)).unwrap_or(i64::MAX),
-        nano_cpus: i64::from(sandbox.cpus) * 1_000_000_000,
-        tmp_mib: settings.tmp_mib,
+        memory_bytes: Some(
+            i64::try_from(sandbox.memory_mib.saturating_mul(1 << 20)).unwrap_or(i64::MAX),
+        ),
+        nano_cpus: Some(i64::from(sandbox.cpus) * 1_000_000_000),
+        tmpfs: HashMap::from([(
+            "/tmp".to_owned(),
+            format!("rw,exec,nosuid,nodev,size={}m,mode=1777", settings.tmp_mib),
+        )]),
         user: settings.sandbox_user.clone(),
         pids_limit: settings.pids_limit,
         runtime: settings.runtime.clone(),
         extra_hosts,
+        ..LockedDown::default()
     };
-    let container = match state.docker.create(&plan).await {
+    let container = match state.docker.create_locked_down(&plan).await {
         Ok(container) => container,
         Err(e) => {
             let why = format!("creating the sandbox failed: {e}");

@@ -1,7 +1,9 @@
 //! A simulated sandbox's container, driven through the Docker Engine API (bollard over the
-//! local Unix socket), every call under its own time budget. Each simulator builds its own
-//! container (its vendor decides the lockdown) with [`Engine::api`] and [`bounded`]; the
-//! calls every simulator makes the same way live here.
+//! local Unix socket), every call under its own time budget. The calls every simulator makes
+//! the same way live here, and so does the locked-down container shape ([`LockedDown`]) that
+//! the OpenShell and Docker Cloud simulators share; a simulator whose vendor locks its
+//! sandboxes down another way (E2B's VMs keep some capabilities for root) builds its own with
+//! [`Engine::api`] and [`bounded`].
 
 use std::collections::HashMap;
 use std::future::Future;
@@ -11,9 +13,10 @@ use std::time::Duration;
 
 use bollard::container::LogOutput;
 use bollard::exec::{CreateExecOptions, StartExecOptions, StartExecResults};
+use bollard::models::{ContainerCreateBody, HostConfig};
 use bollard::query_parameters::{
-    KillContainerOptions, ListContainersOptions, RemoveContainerOptions, StopContainerOptions,
-    WaitContainerOptions,
+    CreateContainerOptions, KillContainerOptions, ListContainersOptions, RemoveContainerOptions,
+    StopContainerOptions, WaitContainerOptions,
 };
 use futures::{Stream, StreamExt};
 use tokio::io::AsyncWrite;
@@ -104,6 +107,32 @@ impl Command {
     }
 }
 
+/// A sandbox container with no network at all (loopback only), a read-only root, every
+/// capability dropped, no new privileges, a process limit, `--init` so orphans are reaped,
+/// and what the vendor's sandbox asks for on top.
+#[derive(Debug, Clone, Default)]
+pub struct LockedDown {
+    pub name: String,
+    pub image: String,
+    pub cmd: Vec<String>,
+    pub env: Vec<String>,
+    pub tty: bool,
+    pub user: String,
+    pub labels: HashMap<String, String>,
+    pub runtime: String,
+    pub pids_limit: i64,
+    pub memory_bytes: Option<i64>,
+    pub nano_cpus: Option<i64>,
+    /// Mount point → docker tmpfs options: the writable places over the read-only root.
+    pub tmpfs: HashMap<String, String>,
+    /// Anonymous volumes: writable directories whose files survive a stop and start.
+    pub volumes: Vec<String>,
+    /// `name:ip` entries for /etc/hosts.
+    pub extra_hosts: Vec<String>,
+    /// Docker's IPC mode; `None` keeps docker's default (a private namespace with /dev/shm).
+    pub ipc_mode: Option<String>,
+}
+
 #[derive(Debug, Clone)]
 pub struct Engine {
     api: bollard::Docker,
@@ -129,6 +158,50 @@ impl Engine {
     /// The raw client, for what one simulator does its own way (creating its containers).
     pub fn api(&self) -> &bollard::Docker {
         &self.api
+    }
+
+    /// Creates (does not start) the container `plan` describes; answers its id.
+    pub async fn create_locked_down(&self, plan: &LockedDown) -> Result<String, DockerError> {
+        let host = HostConfig {
+            network_mode: Some("none".into()),
+            readonly_rootfs: Some(true),
+            cap_drop: Some(vec!["ALL".into()]),
+            security_opt: Some(vec!["no-new-privileges".into()]),
+            pids_limit: Some(plan.pids_limit),
+            memory: plan.memory_bytes,
+            memory_swap: plan.memory_bytes,
+            nano_cpus: plan.nano_cpus,
+            tmpfs: Some(plan.tmpfs.clone()),
+            extra_hosts: Some(plan.extra_hosts.clone()),
+            init: Some(true),
+            ipc_mode: plan.ipc_mode.clone(),
+            runtime: Some(plan.runtime.clone()),
+            ..Default::default()
+        };
+        let body = ContainerCreateBody {
+            image: Some(plan.image.clone()),
+            cmd: Some(plan.cmd.clone()),
+            entrypoint: Some(Vec::new()),
+            env: Some(plan.env.clone()),
+            tty: Some(plan.tty),
+            user: Some(plan.user.clone()),
+            working_dir: Some("/".into()),
+            labels: Some(plan.labels.clone()),
+            volumes: Some(plan.volumes.clone()),
+            host_config: Some(host),
+            ..Default::default()
+        };
+        let options = CreateContainerOptions {
+            name: Some(plan.name.clone()),
+            platform: String::new(),
+        };
+        let created = bounded(
+            "container create",
+            QUICK,
+            self.api.create_container(Some(options), body),
+        )
+        .await?;
+        Ok(created.id)
     }
 
     /// The runtimes docker lists, and its server version.

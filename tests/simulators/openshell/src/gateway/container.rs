@@ -8,8 +8,9 @@ use std::collections::HashMap;
 use tonic::Status;
 
 use super::{Entry, State};
-use crate::docker::{ContainerPlan, LABEL_INSTANCE, LABEL_SIMULATOR, LABEL_SIMULATOR_VALUE};
+use crate::docker::{LABEL_INSTANCE, LABEL_SIMULATOR, LABEL_SIMULATOR_VALUE};
 use crate::proto::v1::SandboxTemplate;
+use sim_support::docker::LockedDown;
 
 /// Keeps a sandbox whose caller gave no command alive (the gateway records its own default
 /// main process, `/bin/bash -l`, which the guest images here do not carry).
@@ -164,7 +165,7 @@ fn driver_tmpfs(template: &SandboxTemplate) -> Result<HashMap<String, String>, S
 }
 
 /// The container a stored sandbox runs in.
-pub fn plan(state: &State, entry: &Entry) -> Result<ContainerPlan, Status> {
+pub fn plan(state: &State, entry: &Entry) -> Result<LockedDown, Status> {
     let meta = entry.sandbox.metadata.clone().unwrap_or_default();
     let spec = entry.sandbox.spec.clone().unwrap_or_default();
     let template = spec.template.clone().unwrap_or_default();
@@ -218,7 +219,7 @@ pub fn plan(state: &State, entry: &Entry) -> Result<ContainerPlan, Status> {
     } else {
         IDLE_COMMAND.iter().map(|s| (*s).to_owned()).collect()
     };
-    Ok(ContainerPlan {
+    Ok(LockedDown {
         name: format!("openshell-sim-{}-{}", state.settings.instance, meta.name),
         image: template.image,
         cmd,
@@ -232,6 +233,10 @@ pub fn plan(state: &State, entry: &Entry) -> Result<ContainerPlan, Status> {
         user: state.settings.sandbox_user.clone(),
         pids_limit: state.settings.pids_limit,
         runtime: state.settings.runtime.clone(),
+        // No /dev/shm: OpenShell's Landlock policy allows writes only to its read-write
+        // paths, and docker's shared-memory tmpfs would be one more writable place.
+        ipc_mode: Some("none".into()),
+        ..LockedDown::default()
     })
 }
 

@@ -234,7 +234,7 @@ async fn provision(state: Arc<State>, name: String, generation: u64) {
                 let plan = plan(&state, &entry).map_err(|s| s.message().to_owned())?;
                 let id = state
                     .docker
-                    .create(&plan)
+                    .create_locked_down(&plan)
                     .await
                     .map_err(|e| e.to_string())?;
                 let stored = state.update(&name, |e| e.container = Some(id.clone()));
