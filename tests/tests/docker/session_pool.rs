@@ -400,7 +400,7 @@ fn open_and_first_cell(d: &Daemon) -> f64 {
 /// for a full pool (members are made between opens, as an idle pool would have them).
 /// `PLIMSOLL_BENCH_N` sets N (default 15).
 #[test]
-#[ignore = "benchmark: cargo test -p plimsoll-tests --test docker -- --ignored --nocapture bench_session_pool"]
+#[ignore = "benchmark: cargo test -p plimsoll-tests --test docker -- --ignored --nocapture --test-threads=1 bench_session_pool"]
 fn bench_session_pool_open_and_first_python_cell() {
     require_docker!();
     let n = plimsoll_tests::bench_n(15);
