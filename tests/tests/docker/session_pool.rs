@@ -15,6 +15,9 @@ use super::session::{close_as, open};
 use super::{docker, docker_ready, env_with, instance, send, stop};
 use plimsoll_tests::connect;
 
+#[path = "session_pool/member_memory.rs"]
+mod member_memory;
+
 /// How long a pool may take to fill (members are made one at a time; runsc is slower).
 const FILL_WITHIN: Duration = Duration::from_secs(180);
 
@@ -239,6 +242,55 @@ fn the_hint_picks_the_member_warm_for_python() {
     stop(d);
 }
 
+/// A pooled python kernel idles without asyncio (about 5 MiB less per member) and loads it on
+/// demand, with the same behaviour as if it had been there from the start: a cell's
+/// `asyncio.get_event_loop()` answers the kernel's one loop without a deprecation warning, and
+/// top-level await runs on that loop in every later cell.
+#[test]
+fn a_pooled_python_kernel_loads_asyncio_on_demand_with_its_one_loop() {
+    require_docker!();
+    let d = pooled("1", "2");
+    wait_warm(&d, "one member", |w| total(w) == 1);
+    let (id, _) = open(&d, json!({ "languages": ["python"] }));
+    let cells = [
+        ("import sys; 'asyncio' in sys.modules", "False\n"),
+        (
+            "import asyncio, warnings\nwarnings.simplefilter('error')\nloop = asyncio.get_event_loop()\nloop.is_running()",
+            "False\n",
+        ),
+        (
+            "async def current():\n    return asyncio.get_running_loop()\n(await current()) is loop",
+            "True\n",
+        ),
+        (
+            "await asyncio.sleep(0)\nasyncio.get_event_loop() is loop",
+            "True\n",
+        ),
+    ];
+    for (code, stdout) in cells {
+        let run = cell_run(&d, &id, "python", code);
+        assert_eq!(
+            super::field(&run["cell"], "stdout"),
+            stdout,
+            "{code}: {run}"
+        );
+        assert_eq!(super::field(&run["cell"], "stderr"), "", "{code}: {run}");
+    }
+    // A first top-level await, with no import of asyncio by the cell, in a fresh session.
+    assert_eq!(close_as(&d, None, &id).status, 200);
+    wait_warm(&d, "one member", |w| total(w) == 1);
+    let (id, _) = open(&d, json!({ "languages": ["python"] }));
+    let run = cell_run(
+        &d,
+        &id,
+        "python",
+        "await __import__('asyncio').sleep(0, 42)",
+    );
+    assert_eq!(super::field(&run["cell"], "stdout"), "42\n", "{run}");
+    assert_eq!(close_as(&d, None, &id).status, 200);
+    stop(d);
+}
+
 #[test]
 fn concurrent_opens_never_share_a_member() {
     require_docker!();
@@ -348,7 +400,7 @@ fn open_and_first_cell(d: &Daemon) -> f64 {
 /// for a full pool (members are made between opens, as an idle pool would have them).
 /// `PLIMSOLL_BENCH_N` sets N (default 15).
 #[test]
-#[ignore = "benchmark: cargo test -p plimsoll-tests --test docker -- --ignored --nocapture bench_session_pool"]
+#[ignore = "benchmark: cargo test -p plimsoll-tests --test docker -- --ignored --nocapture --test-threads=1 bench_session_pool"]
 fn bench_session_pool_open_and_first_python_cell() {
     require_docker!();
     let n = plimsoll_tests::bench_n(15);
@@ -379,9 +431,9 @@ fn bench_session_pool_open_and_first_python_cell() {
     let (ok, out) = docker(&["rm", "-f", &baseline]);
     assert!(ok, "{out}");
     wait_warm(&pooled_d, "two members", |w| total(w) == 2);
-    let idle: Vec<f64> = members_warm_for(&pooled_d, "javascript,python")
+    let members: Vec<member_memory::Member> = members_warm_for(&pooled_d, "javascript,python")
         .iter()
-        .map(|id| pss_mib(id))
+        .map(|id| member_memory::measure(id))
         .collect();
     let pool = describe_pool(&pooled_d);
     stop(pooled_d);
@@ -403,43 +455,44 @@ fn bench_session_pool_open_and_first_python_cell() {
         counter(&pool, "claims"),
         counter(&pool, "misses"),
     );
-    println!(
-        "bench session pool {} idle member PSS (MiB, its processes, shim, and under runsc its sandbox and gofer): {idle:.1?}",
-        super::runtime(),
-    );
+    print_members(&members);
 }
 
-/// The proportional set size, in MiB, of every host process that belongs to container `id`:
-/// under runc the processes `docker top` names; under either runtime every process whose
-/// command line names the container (its shim, and runsc's sandbox and gofer).
-fn pss_mib(id: &str) -> f64 {
-    let mut pids: BTreeSet<u32> = BTreeSet::new();
-    if !plimsoll_tests::docker::runsc() {
-        let (ok, out) = docker(&["top", id, "-eo", "pid"]);
-        assert!(ok, "{out}");
-        pids.extend(out.lines().filter_map(|l| l.trim().parse::<u32>().ok()));
-    }
-    for entry in std::fs::read_dir("/proc").expect("/proc").flatten() {
-        let Some(pid) = entry
-            .file_name()
-            .to_str()
-            .and_then(|n| n.parse::<u32>().ok())
-        else {
-            continue;
-        };
-        let cmdline = std::fs::read(entry.path().join("cmdline")).unwrap_or_default();
-        if String::from_utf8_lossy(&cmdline).contains(id) {
-            pids.insert(pid);
-        }
-    }
-    let kib: u64 = pids
+/// Each idle member's PSS and private memory, then the first one's breakdown by process.
+fn print_members(members: &[member_memory::Member]) {
+    let charged: Vec<f64> = members
         .iter()
-        .filter_map(|pid| std::fs::read_to_string(format!("/proc/{pid}/smaps_rollup")).ok())
-        .filter_map(|text| {
-            text.lines()
-                .find_map(|l| l.strip_prefix("Pss:"))
-                .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
-        })
-        .sum();
-    kib as f64 / 1024.0
+        .map(member_memory::Member::charged_mib)
+        .collect();
+    let pss: Vec<f64> = members.iter().map(member_memory::Member::pss_mib).collect();
+    let private: Vec<f64> = members
+        .iter()
+        .map(member_memory::Member::private_mib)
+        .collect();
+    println!(
+        "bench session pool {} idle member (MiB; its processes, its shim, under runsc its sandbox, gofer and stubs): charged {charged:.1?} PSS {pss:.1?} private {private:.1?}",
+        super::runtime(),
+    );
+    if let Some(first) = members.first() {
+        print!("{}", member_memory::breakdown(first));
+    }
+}
+
+/// An idle full pool of two, measured: what one member costs (no timing; see the benchmark
+/// above for the same figures after a timed run).
+#[test]
+#[ignore = "benchmark: cargo test -p plimsoll-tests --test docker -- --ignored --nocapture bench_session_pool_idle_member"]
+fn bench_session_pool_idle_member() {
+    require_docker!();
+    let d = pooled("2", "4");
+    wait_warm(&d, "two members", |w| total(w) == 2);
+    // Let the members' start-up garbage settle as an idle pool's would.
+    std::thread::sleep(Duration::from_secs(5));
+    let members: Vec<member_memory::Member> = members_warm_for(&d, "javascript,python")
+        .iter()
+        .map(|id| member_memory::measure(id))
+        .collect();
+    stop(d);
+    assert_eq!(members.len(), 2, "{members:?}");
+    print_members(&members);
 }

@@ -9,13 +9,18 @@
 # {"status":"ok"|"error"} and closes. Every cell runs in one namespace named __main__; a last
 # expression is compiled apart, its repr printed and kept in `_`; top-level await runs on one
 # persistent event loop; any BaseException, SystemExit included, ends only the cell.
+#
+# asyncio (with what it imports, about 5 MiB of an idle kernel's 10) is imported only when
+# something needs it: a cell's top-level await, or the first import of asyncio by a cell, which
+# a one-shot import hook completes by making and setting the kernel's loop, so that a cell's
+# asyncio.get_event_loop() returns it exactly as if asyncio had been imported at start.
 
 
 def _plimsoll_kernel():
+    import _thread
     import ast
-    import asyncio
     import builtins
-    import inspect
+    import importlib.machinery
     import json
     import linecache
     import os
@@ -38,8 +43,10 @@ def _plimsoll_kernel():
     main.__dict__["__builtins__"] = builtins
     sys.modules["__main__"] = main
     namespace = main.__dict__
-    loop = asyncio.new_event_loop()
-    asyncio.set_event_loop(loop)
+    loop = None
+    main_thread = _thread.get_ident()
+    # inspect.CO_COROUTINE, without importing inspect.
+    co_coroutine = 0x0080
     flags = ast.PyCF_ALLOW_TOP_LEVEL_AWAIT
     nonce_shape = re.compile(r"[0-9a-f]{32}\Z")
 
@@ -59,10 +66,66 @@ def _plimsoll_kernel():
             except OSError:
                 pass  # the code closed it; the relay stops waiting after 2 s
 
+    def set_loop(asyncio):
+        nonlocal loop
+        if loop is None:
+            loop = asyncio.new_event_loop()
+            asyncio.set_event_loop(loop)
+
+    class SetLoopOnImport:
+        """Sets the kernel's loop as soon as asyncio has been imported, then leaves."""
+
+        def find_spec(self, name, path=None, target=None):
+            if name != "asyncio":
+                return None
+            try:
+                sys.meta_path.remove(self)
+            except ValueError:
+                pass
+            try:
+                spec = importlib.machinery.PathFinder.find_spec(name, path)
+            except BaseException:
+                return None
+            if spec is None or spec.loader is None:
+                return None
+            spec.loader = LoaderSettingLoop(spec.loader)
+            return spec
+
+    class LoaderSettingLoop:
+        """asyncio's own loader, which then sets the loop and puts itself back."""
+
+        def __init__(self, real):
+            self.real = real
+
+        def __getattr__(self, name):
+            return getattr(self.real, name)
+
+        def create_module(self, spec):
+            return self.real.create_module(spec)
+
+        def exec_module(self, module):
+            try:
+                module.__spec__.loader = self.real
+                module.__loader__ = self.real
+            except BaseException:
+                pass
+            self.real.exec_module(module)
+            try:
+                # asyncio.set_event_loop is per thread: the kernel's loop is the main thread's.
+                if _thread.get_ident() == main_thread:
+                    set_loop(module)
+            except BaseException:
+                pass  # set before the next cell, or by the first top-level await
+
+    sys.meta_path.insert(0, SetLoopOnImport())
+
     def evaluate(code, mode, filename):
         compiled = compile(code, filename, mode, flags=flags, dont_inherit=True)
         result = eval(compiled, namespace)
-        if compiled.co_flags & inspect.CO_COROUTINE:
+        if compiled.co_flags & co_coroutine:
+            import asyncio
+
+            set_loop(asyncio)
             result = loop.run_until_complete(result)
         return result
 
@@ -153,6 +216,11 @@ def _plimsoll_kernel():
             continue
         nonce, code = cell
         number += 1
+        if loop is None and "asyncio" in sys.modules:
+            try:
+                set_loop(sys.modules["asyncio"])
+            except BaseException:
+                pass
         marker("\0plimsoll-cell-start-%s\0" % nonce)
         status = "ok"
         try:
