@@ -202,6 +202,8 @@ mod session_calls_bench;
 mod session_hostile;
 #[path = "docker/session_pool.rs"]
 mod session_pool;
+#[path = "docker/session_project.rs"]
+mod session_project;
 #[path = "docker/software.rs"]
 mod software;
 #[path = "docker/toolchain.rs"]

@@ -73,7 +73,34 @@ struct Ready {
 #[derive(Deserialize)]
 struct Projected {
     op: String,
+    /// Whether the named processes were held stopped; when not, nothing ran.
+    held: bool,
+    /// Whether each was still stopped when the call had run (then resumed).
+    #[serde(default)]
+    still: bool,
+    /// Base64 of what the runner would have printed.
+    #[serde(default)]
     stdout: String,
+}
+
+/// What a project call came to.
+pub(super) enum Projection {
+    /// The processes to hold could not be proven stopped: nothing ran.
+    NotHeld,
+    /// The call ran between the hold and the release.
+    Ran {
+        /// What the runner would have printed.
+        stdout: Vec<u8>,
+        /// Whether every held process was still stopped at the release (a step may wake one).
+        still_held: bool,
+    },
+}
+
+/// The answer to the proof made at the start.
+#[derive(Deserialize)]
+struct Proved {
+    op: String,
+    ok: bool,
 }
 
 /// A snippet call's answer.
@@ -160,7 +187,30 @@ impl Agent {
             return Err(AgentError::Uid(ready.uid, keeper));
         }
         agent.id = ready.id;
+        agent.prove(Instant::now() + START_BUDGET).await?;
         Ok(agent)
+    }
+
+    /// The proof, made once before any guest code runs, that a step started as the guest
+    /// cannot open the agent's `/proc` entries nor hold a capability (agent_project.js's
+    /// `probe`); project calls reuse its verdict while the agent's credentials and
+    /// dumpability are those it was made in, and make it again otherwise. A probe that could
+    /// not run is made again by the first project call, which reports it if it fails again.
+    async fn prove(&mut self, deadline: Instant) -> Result<(), AgentError> {
+        self.send(&serde_json::json!({ "op": "prove" }), deadline)
+            .await?;
+        let line = self.next_line(deadline).await?;
+        let proved: Proved =
+            serde_json::from_slice(&line).map_err(|e| AgentError::Framing(e.to_string()))?;
+        if proved.op != "prove" {
+            return Err(AgentError::Unexpected);
+        }
+        if !proved.ok {
+            tracing::warn!(
+                "the session agent's first probe did not run; project calls probe again"
+            );
+        }
+        Ok(())
     }
 
     /// The agent's identity.
@@ -192,16 +242,21 @@ impl Agent {
         Ok(swept.exit)
     }
 
-    /// One project call: `input` is what the runner reads on stdin (key line, then plan);
-    /// answers what the runner would have printed.
+    /// One project call: `input` is what the runner reads on stdin (key line, then plan). The
+    /// agent holds the processes `hold` names stopped around it (all threads, proven within
+    /// 2 s) and resumes them after, in this one exchange; when the hold cannot be proven
+    /// nothing runs ([`Projection::NotHeld`]).
     pub(super) async fn project(
         &mut self,
         input: &[u8],
+        hold: &[String],
         deadline: Instant,
-    ) -> Result<Vec<u8>, AgentError> {
+    ) -> Result<Projection, AgentError> {
+        let b64 = base64::engine::general_purpose::STANDARD;
         let request = serde_json::json!({
             "op": "project",
-            "input": base64::engine::general_purpose::STANDARD.encode(input),
+            "input": b64.encode(input),
+            "hold": hold,
         });
         self.send(&request, deadline).await?;
         let line = self.next_line(deadline).await?;
@@ -210,9 +265,16 @@ impl Agent {
         if projected.op != "project" {
             return Err(AgentError::Unexpected);
         }
-        base64::engine::general_purpose::STANDARD
+        if !projected.held {
+            return Ok(Projection::NotHeld);
+        }
+        let stdout = b64
             .decode(projected.stdout)
-            .map_err(|e| AgentError::Framing(e.to_string()))
+            .map_err(|e| AgentError::Framing(e.to_string()))?;
+        Ok(Projection::Ran {
+            stdout,
+            still_held: projected.still,
+        })
     }
 
     /// One snippet: `node -` as the guest with `code` on its stdin, the start script's

@@ -1,6 +1,7 @@
-// plimsoll's session agent, the hold on kept interpreters (providers.md §9.3 "Grants", and
-// around project calls), in-process. Put after guest/same.js (for `same`) and
-// agent.js (for `signalAsGuest`, `answer`, `requests`) at build time. The request is
+// plimsoll's session agent, the hold on kept interpreters (providers.md §9.3 "Grants";
+// agent_project.js holds around a project call with the same functions, inside its own
+// request), in-process. Put after guest/same.js (for `same`) and agent.js (for
+// `signalAsGuest`, `answer`, `requests`) at build time. The request is
 //
 //   {"op":"hold","mode":"stop"|"cont","ids":["pid:starttime:cmdlinehex",…]}
 //
@@ -9,7 +10,7 @@
 // cont: answers {"op":"hold","ok":true,"held":<whether each was still stopped>} and sends
 //   SIGCONT to each.
 const HOLD_WAIT_MS = 2000;
-const HOLD_POLL_MS = 5;
+const HOLD_POLL_MS = 1;
 
 function allStopped(pid) {
     let tasks;
@@ -31,36 +32,48 @@ function allStopped(pid) {
     return true;
 }
 
-function hold(request) {
-    const targets = request.ids
+// The processes named by `ids` that are still those processes.
+function holdTargets(ids) {
+    return ids
         .map((id) => /^([0-9]+):(-?[0-9]+):([0-9a-f]+)$/.exec(String(id)))
         .filter((m) => m !== null && same(m));
-    if (request.mode === "stop") {
-        for (const m of targets) {
-            try {
-                signalAsGuest(Number(m[1]), "SIGSTOP");
-            } catch {
-                return { op: "hold", ok: false };
-            }
-        }
-        const until = Date.now() + HOLD_WAIT_MS;
-        for (;;) {
-            if (targets.every((m) => allStopped(m[1]))) return { op: "hold", ok: true };
-            if (Date.now() >= until) return { op: "hold", ok: false };
-            Atomics.wait(pause, 0, 0, HOLD_POLL_MS);
+}
+
+// SIGSTOP to each target, then up to 2 s until every thread of each is stopped: whether that
+// was proven.
+function stopAll(targets) {
+    for (const m of targets) {
+        try {
+            signalAsGuest(Number(m[1]), "SIGSTOP");
+        } catch {
+            return false;
         }
     }
-    if (request.mode === "cont") {
-        const held = targets.every((m) => allStopped(m[1]));
-        for (const m of targets) {
-            try {
-                signalAsGuest(Number(m[1]), "SIGCONT");
-            } catch {
-                // gone already
-            }
-        }
-        return { op: "hold", ok: true, held };
+    const until = Date.now() + HOLD_WAIT_MS;
+    for (;;) {
+        if (targets.every((m) => allStopped(m[1]))) return true;
+        if (Date.now() >= until) return false;
+        Atomics.wait(pause, 0, 0, HOLD_POLL_MS);
     }
+}
+
+// Whether every target was still stopped; then SIGCONT to each.
+function contAll(targets) {
+    const held = targets.every((m) => allStopped(m[1]));
+    for (const m of targets) {
+        try {
+            signalAsGuest(Number(m[1]), "SIGCONT");
+        } catch {
+            // gone already
+        }
+    }
+    return held;
+}
+
+function hold(request) {
+    const targets = holdTargets(request.ids);
+    if (request.mode === "stop") return { op: "hold", ok: stopAll(targets) };
+    if (request.mode === "cont") return { op: "hold", ok: true, held: contAll(targets) };
     throw new Error("unknown hold mode");
 }
 

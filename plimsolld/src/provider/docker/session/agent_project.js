@@ -1,17 +1,25 @@
 // plimsoll's session agent, project calls (providers.md §9.3): the project runner's role
 // (the project image's runner, whose report format it keeps) inside the agent, which runs
-// as uid+1 holding CAP_SETUID/CAP_SETGID. Put after agent.js at build time; `answer` and
-// `guestUid` come from there. The request is
+// as uid+1 holding CAP_SETUID/CAP_SETGID. Put after agent.js and agent_hold.js at build time;
+// `answer`, `guestUid`, `signalAsGuest` and the hold come from there. The requests are
 //
-//   {"op":"project","input":"<base64 of the runner's stdin: key line, then the plan>"}
+//   {"op":"prove"}
+//   {"op":"project","input":"<base64 of the runner's stdin: key line, then the plan>",
+//    "hold":["pid:starttime:cmdlinehex",…]}
 //
-// and the answer {"op":"project","stdout":"<base64 of what the runner would have printed>"},
-// step-began lines and the HMAC-authenticated report included, so the daemon reads it as it
-// reads a runner's stdout. Steps run as the guest uid and gid with no capability; they never
-// share a uid with the agent, so none can open its /proc entries (checked before every call
-// with a real step-like child), signal it or trace it. A step changes into /work itself, as
-// the guest: node's spawn changes directory before it changes uid, and a guest may have made
-// /work 0700.
+// `prove` is sent once, right after the ready frame and before any guest code can run: the
+// agent proves with a real step-like child that a step cannot open its /proc entries (see
+// `probe`) and answers {"op":"prove","ok":<whether the probe ran>}. A project call first holds
+// the named processes stopped (agent_hold.js); when that cannot be proven it answers
+// {"op":"project","held":false} and runs nothing. Otherwise it runs the call, resumes them
+// and answers {"op":"project","held":true,"still":<whether each was still stopped>,
+// "stdout":"<base64 of what the runner would have printed>"}, step-began lines and the
+// HMAC-authenticated report included, so the daemon reads it as it reads a runner's stdout.
+// Steps run as the guest uid and gid with no capability; they never share a uid with the
+// agent, so none can open its /proc entries, signal it or trace it. A step changes into /work
+// as the guest: the child is forked while the agent's effective ids are the guest's, so
+// node's spawn (which changes directory before it changes uid) enters it with the guest's
+// rights, and a guest may have made /work 0700.
 const { spawn, spawnSync } = require("child_process");
 const { createHmac } = require("crypto");
 const path = require("path");
@@ -27,7 +35,7 @@ const RESULT_CAP = 15 << 20;
 const COMMAND_CAP = 16 << 10;
 const EXIT_TIMED_OUT = 124;
 const PIPE_GRACE_MS = 1000;
-const STEP_SCRIPT = 'cd /work || exit 127\nexec sh -c "$1"';
+const EXIT_NOT_STARTED = 127;
 const { O_WRONLY, O_RDONLY, O_CREAT, O_TRUNC, O_NOFOLLOW, O_NONBLOCK } = fs.constants;
 
 const guest = { uid: guestUid, gid: guestUid };
@@ -69,27 +77,80 @@ function asGuest(fn) {
     }
 }
 
-function proveNotInspectable(env, checks) {
-    const reads = checks.filter((c) => ["fd/0", "fd/1", "mem", "environ"].includes(c));
-    const probe =
-        'p=$1; shift; w=$1; shift; for f in "$@"; do if true <"/proc/$p/$f"; then echo "read $f"; fi; done; ' +
-        'if [ "$w" = 1 ] && true >>"/proc/$p/fd/1"; then echo "write fd/1"; fi; ' +
-        'n=0; while read -r k v; do case "$k" in CapEff:|CapPrm:) n=$((n + 1)); ' +
-        'case "$v" in *[!0]*) echo "holds capabilities";; esac;; esac; done </proc/self/status; ' +
-        '[ "$n" = 2 ] || echo "capabilities not shown"; exit 0';
-    const write = reads.includes("fd/1") ? "1" : "0";
-    const r = spawnSync("sh", ["-c", probe, "sh", String(process.pid), write, ...reads], {
-        env,
+// What a step may not open or hold, and how the probe says it could.
+const PROBED = ["fd/0", "fd/1", "mem", "environ"];
+const PROBE_SCRIPT =
+    'p=$1; shift; for f in "$@"; do if true <"/proc/$p/$f"; then echo "read $f"; fi; done; ' +
+    'if true >>"/proc/$p/fd/1"; then echo "write fd/1"; fi; ' +
+    'n=0; while read -r k v; do case "$k" in CapEff:|CapPrm:) n=$((n + 1)); ' +
+    'case "$v" in *[!0]*) echo "holds capabilities";; esac;; esac; done </proc/self/status; ' +
+    '[ "$n" = 2 ] || echo "capabilities not shown"; exit 0';
+const STATE_FIELDS = /^(Uid|Gid|Groups|CapInh|CapPrm|CapEff|CapBnd|CapAmb|NoNewPrivs):/;
+
+// Whether a step could reach the agent is decided by the kernel from the agent's credentials
+// (real, effective, saved and filesystem uid and gid, its groups), its dumpability (which
+// decides who owns its /proc entries: root while it is not dumpable) and what a child of it
+// can hold after exec (its inheritable, ambient and bounding capability sets and
+// no_new_privs); the step-like child is started the same way every time, in a container
+// whose settings are compared before every call. This reads exactly those, in-process (no
+// process start): the lines of /proc/self/status, and the owner and mode of its own
+// /proc/<pid>/mem, which follow its dumpability under Linux and gVisor. Nothing in the agent
+// changes them but the effective-id switches of `asGuest` and `signalAsGuest`, which restore
+// the ids, and whose uid change resets dumpability to the host's fs.suid_dumpable; so the
+// state read after one such switch (`settle`) is the state the agent keeps.
+function agentState() {
+    const status = fs.readFileSync("/proc/self/status", "latin1")
+        .split("\n")
+        .filter((line) => STATE_FIELDS.test(line));
+    const mem = fs.statSync(`/proc/${process.pid}/mem`);
+    return `${status.join("\n")}\nmem ${mem.uid}:${mem.gid}:${mem.mode.toString(8)}`;
+}
+
+// One effective-uid switch and back, as every later request makes, so the proof is made in
+// the dumpability the agent keeps from then on.
+function settle() {
+    process.seteuid(guestUid);
+    process.seteuid(process.getuid());
+}
+
+// The last probe's verdict and the agent state it was made in (null: none, or it failed).
+let proven = null;
+
+// Starts a step-like child (the guest's uid and gid, no capability asked for, the fixed base
+// environment) that tries to open each of PROBED of the agent's /proc entries, to append to
+// its stdout, and reads its own capability sets; records what it managed. Runs only while no
+// guest code can run beside it: before the first request that runs any (`prove`, right after
+// the ready frame), or inside a project call, after the last call's sweep and with the kept
+// interpreters held stopped.
+function probe() {
+    const state = agentState();
+    const r = spawnSync("sh", ["-c", PROBE_SCRIPT, "sh", String(process.pid), ...PROBED], {
+        env: baseEnv(),
         cwd: "/",
         stdio: ["ignore", "pipe", "ignore"],
         timeout: 10000,
         uid: guest.uid,
         gid: guest.gid,
     });
-    const opened = r.stdout ? r.stdout.toString().trim().replace(/\n/g, ", ") : "";
-    if (r.status !== 0 || opened !== "" || !reads.includes("mem")) {
-        throw new Error(`the runner's process is inspectable by its steps (${opened || "probe failed"}); nothing ran`);
-    }
+    const found = r.stdout ? r.stdout.toString().split("\n").filter((l) => l !== "") : [];
+    proven = r.status === 0 && agentState() === state ? { state, found } : null;
+}
+
+// Why a step started now could reach the agent, or null when it could not: it could open
+// none of `checks` (which must include mem) of the agent's /proc entries and would hold no
+// capability. The probe's verdict, made again whenever the agent's state is not the one it
+// was made in.
+function inspectable(checks) {
+    if (proven === null || proven.state !== agentState()) probe();
+    const reads = checks.filter((c) => PROBED.includes(c));
+    const counts = (line) =>
+        line === "holds capabilities" ||
+        line === "capabilities not shown" ||
+        (line === "write fd/1" && reads.includes("fd/1")) ||
+        (line.startsWith("read ") && reads.includes(line.slice(5)));
+    const opened = proven === null ? "" : proven.found.filter(counts).join(", ");
+    if (proven === null || opened !== "" || !reads.includes("mem")) return opened || "probe failed";
+    return null;
 }
 
 function underWork(rel, what) {
@@ -152,14 +213,49 @@ function installHostClient(source, env) {
     env.NODE_OPTIONS = env.NODE_OPTIONS ? `${env.NODE_OPTIONS} ${flag}` : flag;
 }
 
+// The step's process group, killed with the guest uid as the effective uid (the kill check
+// reads the uid only).
 function killGroup(child) {
-    asGuest(() => {
+    if (child.pid === undefined) return;
+    try {
+        signalAsGuest(-child.pid, "SIGKILL");
+    } catch {
+        // already gone
+    }
+}
+
+// The environment the step's `sh` gets: what the step started as
+// `sh -c 'cd /work || exit 127; exec sh -c "$1"'` (the runner's) saw, with one process: the
+// outer shell's cd exported PWD=/work and OLDPWD (the PWD it started with when that named `/`,
+// else `/`), and each shell added one to SHLVL.
+function stepEnv(env) {
+    let old = "/";
+    const pwd = env.PWD;
+    if (typeof pwd === "string" && pwd.startsWith("/")) {
         try {
-            process.kill(-child.pid, "SIGKILL");
+            const named = asGuest(() => fs.statSync(pwd));
+            const root = fs.statSync("/");
+            if (named.dev === root.dev && named.ino === root.ino) old = pwd;
         } catch {
-            // already gone
+            // not `/`
         }
-    });
+    }
+    const level = /^\s*([+-]?[0-9]+)/.exec(typeof env.SHLVL === "string" ? env.SHLVL : "");
+    const outer = (level ? Number.parseInt(level[1], 10) : 0) + 1;
+    return { ...env, PWD: WORK, OLDPWD: old, SHLVL: String(outer | 0) };
+}
+
+// What the shell printed when it could not enter /work.
+const ERRNO_TEXT = {
+    EACCES: "Permission denied",
+    ENOENT: "No such file or directory",
+    ENOTDIR: "Not a directory",
+    ELOOP: "Symbolic link loop",
+};
+
+function notEntered(e) {
+    const code = e && e.code ? e.code : "error";
+    return Buffer.from(`sh: cd: line 0: can't cd to ${WORK}: ${ERRNO_TEXT[code] || code}\n`);
 }
 
 function runStep(command, env, limitMs) {
@@ -172,14 +268,36 @@ function runStep(command, env, limitMs) {
         let timedOut = false;
         let exit = null;
         let finished = false;
-        const child = spawn("sh", ["-c", STEP_SCRIPT, "sh", command], {
-            cwd: "/",
-            env,
-            stdio: ["ignore", "pipe", "pipe"],
-            detached: true,
-            uid: guest.uid,
-            gid: guest.gid,
+        const result = () => ({
+            command: command.length > COMMAND_CAP ? command.slice(0, COMMAND_CAP) : command,
+            stdout: Buffer.concat(out),
+            stderr: Buffer.concat(err),
+            exitCode: timedOut ? EXIT_TIMED_OUT : exit,
+            timedOut,
+            durationMs: Date.now() - started,
+            stdoutTruncated: truncated,
+            stderrTruncated: truncated,
         });
+        // `sh -c "<command>"` ($0 `sh`), forked with the guest's effective ids so that its cwd
+        // is entered with the guest's rights, then moved to the guest uid and gid for good.
+        let child;
+        try {
+            child = asGuest(() =>
+                spawn("sh", ["-c", command], {
+                    cwd: WORK,
+                    env,
+                    stdio: ["ignore", "pipe", "pipe"],
+                    detached: true,
+                    uid: guest.uid,
+                    gid: guest.gid,
+                }),
+            );
+        } catch (e) {
+            err.push(notEntered(e));
+            exit = EXIT_NOT_STARTED;
+            resolve(result());
+            return;
+        }
         const keep = (into) => (chunk) => {
             const room = STEP_OUTPUT_CAP - kept;
             if (chunk.length > room) {
@@ -209,16 +327,7 @@ function runStep(command, env, limitMs) {
             clearTimeout(grace);
             child.stdout.destroy();
             child.stderr.destroy();
-            resolve({
-                command: command.length > COMMAND_CAP ? command.slice(0, COMMAND_CAP) : command,
-                stdout: Buffer.concat(out),
-                stderr: Buffer.concat(err),
-                exitCode: timedOut ? EXIT_TIMED_OUT : exit,
-                timedOut,
-                durationMs: Date.now() - started,
-                stdoutTruncated: truncated,
-                stderrTruncated: truncated,
-            });
+            resolve(result());
         };
         const closed = () => {
             open -= 1;
@@ -226,8 +335,9 @@ function runStep(command, env, limitMs) {
         };
         child.stdout.on("close", closed);
         child.stderr.on("close", closed);
-        child.on("error", () => {
-            exit = 127;
+        child.on("error", (e) => {
+            err.push(notEntered(e));
+            exit = EXIT_NOT_STARTED;
             finish();
         });
         child.on("exit", (code, signal) => {
@@ -353,27 +463,56 @@ async function project(request) {
         if (typeof plan.hostSDK === "string" && plan.hostSDK !== "") {
             installHostClient(plan.hostSDK, env);
         }
-        proveNotInspectable(env, plan.procChecks || ["fd/0", "fd/1", "mem", "environ"]);
-        asGuest(() => writeFiles(plan.files || []));
+        const checks = plan.procChecks || PROBED;
+        const reachable = inspectable(checks);
+        if (reachable !== null) {
+            throw new Error(`the runner's process is inspectable by its steps (${reachable}); nothing ran`);
+        }
+        const files = plan.files || [];
+        if (files.length > 0) asGuest(() => writeFiles(files));
+        const shellEnv = stepEnv(env);
         const steps = [];
         let encoded = 0;
         const commands = plan.steps || [];
         for (let i = 0; i < commands.length; i++) {
+            // Each step starts only while the proof still holds (an in-process read).
+            const lost = i === 0 ? null : inspectable(checks);
+            if (lost !== null) {
+                throw new Error(`the runner's process became inspectable by its steps (${lost}); the call stopped before step ${i}`);
+            }
             printed.push(Buffer.from(`\n${STEP_MARKER} ${i} ${mac(`step-began ${i}`)}\n`, "utf8"));
             const left = budgetMs - (Date.now() - started);
-            const step = fitStep(await runStep(commands[i], env, left), STEP_RESULTS_CAP - encoded);
+            const step = fitStep(await runStep(commands[i], shellEnv, left), STEP_RESULTS_CAP - encoded);
             encoded += encodedStepSize(step);
             steps.push(step);
             if (step.timedOut || step.exitCode !== 0) break;
         }
-        emitReport(encode(steps, asGuest(() => captureArtifacts(plan.artifacts || []))));
+        const wanted = plan.artifacts || [];
+        const captured = wanted.length > 0
+            ? asGuest(() => captureArtifacts(wanted))
+            : { artifacts: [], truncated: false };
+        emitReport(encode(steps, captured));
     } catch (e) {
         emitReport({ error: e instanceof Error ? e.message : String(e) });
     }
     return Buffer.concat(printed);
 }
 
+requests.prove = async () => {
+    settle();
+    probe();
+    answer({ op: "prove", ok: proven !== null });
+};
+
+// The kept interpreters are held stopped around the whole call (the daemon names them), in
+// this one exchange: nothing of an earlier call runs beside a probe or a step.
 requests.project = async (request) => {
+    const targets = holdTargets(Array.isArray(request.hold) ? request.hold : []);
+    if (!stopAll(targets)) {
+        answer({ op: "project", held: false });
+        return;
+    }
     const stdout = await project(request);
-    answer({ op: "project", stdout: stdout.toString("base64") });
+    const still = contAll(targets);
+    answer({ op: "project", held: true, still, stdout: stdout.toString("base64") });
 };

@@ -11,8 +11,9 @@ use super::super::DockerError;
 use super::super::container::Finished;
 use super::super::project;
 use super::super::settings::OUTPUT_CAP;
-use super::DockerSession;
+use super::agent::Projection;
 use super::container::end_for;
+use super::{DockerSession, HOLD_BUDGET};
 use crate::grant::GuestGrant;
 use crate::provider::guest::outcome::REPORT_GRACE;
 use crate::provider::guest::runner::{self, ReportKey};
@@ -75,7 +76,10 @@ impl DockerSession {
 
     /// A project: the agent runs the runner's role with the key and plan (steps as the guest
     /// uid, the agent as uid+1), its output read as a one-shot runner's is
-    /// (`project::classify`). An agent that does not answer ends the session.
+    /// (`project::classify`). The kept interpreters are held stopped around it in the same
+    /// request ([`DockerSession::project_hold`]); when that hold cannot be proven nothing ran,
+    /// and the interpreters end before the call runs without them. An agent that does not
+    /// answer ends the session.
     pub(super) async fn run_project(
         &mut self,
         plan: ProjectPlan,
@@ -92,18 +96,29 @@ impl DockerSession {
             project::runner_plan(&plan, &self.image, budget, proc_checks, host_sdk.as_deref());
         let stdin = runner::stdin(&key, &runner_plan)
             .map_err(|e| SessionFault::infrastructure(DockerError::Plan(e)))?;
-        let began = Instant::now();
-        let Some(agent) = self.agent.get_mut().ok().and_then(Option::as_mut) else {
-            return Err(self.agent_lost("the session's agent is gone").await);
+        let hold = self.project_hold().await;
+        let mut began = Instant::now();
+        // The hold is proven (or given up) within its own budget, before the call's starts.
+        let held_by = if hold.is_empty() {
+            budget
+        } else {
+            budget + HOLD_BUDGET
         };
-        let stdout = match agent.project(&stdin, began + budget + REPORT_GRACE).await {
-            Ok(stdout) => stdout,
-            Err(e) => {
-                tracing::warn!(error = %e, "session agent did not answer a project call");
-                self.agent.get_mut().ok().map(Option::take);
-                return Err(self.agent_lost("the session's agent did not answer").await);
-            }
+        let mut ran = self.agent_project(&stdin, &hold, began + held_by).await?;
+        if matches!(ran, Projection::NotHeld) {
+            self.project_hold_failed().await?;
+            began = Instant::now();
+            ran = self.agent_project(&stdin, &[], began + budget).await?;
+        }
+        let Projection::Ran { stdout, still_held } = ran else {
+            // Nothing to hold cannot fail to be held.
+            return Err(self
+                .agent_lost("the session's agent answered out of turn")
+                .await);
         };
+        if !still_held {
+            tracing::debug!("a held interpreter was woken during the project call");
+        }
         let truncated = stdout.len() > runner::STDOUT_CAP;
         let finished = Finished {
             stdout: (stdout, truncated),
@@ -119,6 +134,27 @@ impl DockerSession {
             software_identity: self.image.software_identity(),
             instance: self.instance(),
         })
+    }
+
+    /// One project request to the agent, answered by `until` (plus the report's grace). An
+    /// agent that does not answer ends the session.
+    async fn agent_project(
+        &mut self,
+        stdin: &[u8],
+        hold: &[String],
+        until: Instant,
+    ) -> Result<Projection, SessionFault> {
+        let Some(agent) = self.agent.get_mut().ok().and_then(Option::as_mut) else {
+            return Err(self.agent_lost("the session's agent is gone").await);
+        };
+        match agent.project(stdin, hold, until + REPORT_GRACE).await {
+            Ok(ran) => Ok(ran),
+            Err(e) => {
+                tracing::warn!(error = %e, "session agent did not answer a project call");
+                self.agent.get_mut().ok().map(Option::take);
+                Err(self.agent_lost("the session's agent did not answer").await)
+            }
+        }
     }
 
     /// The session's end when its agent failed: the container's state names it, else the

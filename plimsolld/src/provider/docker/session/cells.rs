@@ -1,7 +1,8 @@
 //! Cells in a docker session (wire.md §7.4, providers.md §9.6): the session keeps at most one
 //! live [`Interpreter`] per language, launches one on the language's first cell (or after the
-//! last one ended), adds its identities to the sweep's keep set, and holds every interpreter
-//! stopped through a project call, so cell state survives it ([`DockerSession::hold_for_project`]).
+//! last one ended), adds its identities to the sweep's keep set, and has the agent hold every
+//! interpreter stopped through a project call, so cell state survives it
+//! ([`DockerSession::project_hold`]).
 
 use super::DockerSession;
 use super::boundary;
@@ -50,48 +51,30 @@ impl DockerSession {
         self.unused.retain(|l| live.contains(l));
     }
 
-    /// Holds the live interpreters stopped for a project call; answers the identities held
-    /// (empty when there is nothing to hold, or a granted call's hold already covers them).
+    /// The interpreters a project call holds stopped (the agent holds them around the call in
+    /// the project request itself): every live one, or none when a granted call's hold already
+    /// covers them.
     ///
-    /// Why: the runner is exec'd as the guest uid, the interpreters' uid, and only its guard
-    /// (non-dumpable before node runs) keeps a same-uid process from opening its stdin, which
-    /// carries the report key. Stopped from before the exec, no interpreter can race the
-    /// guard. A step may wake one (same uid), but steps start only after the runner read its
-    /// whole plan, so a woken interpreter can do no more than that step. When the hold cannot
-    /// be proven the interpreters end and the container is proven quiet, as before: the next
-    /// cell then reports `interpreter_started`.
-    pub(super) async fn hold_for_project(&mut self) -> Result<Vec<String>, SessionFault> {
+    /// Why: nothing of an earlier call runs beside the call's steps, nor beside the probe the
+    /// agent makes again should its state have changed (its verdict must be the kernel's, not
+    /// a guest process's). A step may wake one (same uid), but only after the agent proved
+    /// the call could start; a woken interpreter can do no more than that step.
+    pub(super) async fn project_hold(&mut self) -> Vec<String> {
         self.forget_dead_interpreters().await;
         if !self.held.is_empty() {
-            return Ok(Vec::new());
+            return Vec::new();
         }
-        let ids = self.interpreter_process_ids();
-        if ids.is_empty() {
-            return Ok(ids);
-        }
-        let user = self.settings.user();
-        match self.agent_hold(true, &ids).await {
-            Ok(_) => Ok(ids),
-            Err(e) => {
-                tracing::warn!(error = %e, "interpreters could not be held for a project call; ending them");
-                self.end_interpreters().await;
-                boundary::quiesce(&self.engine, &self.id, &user, &self.keep).await?;
-                Ok(Vec::new())
-            }
-        }
+        self.interpreter_process_ids()
     }
 
-    /// Resumes what [`Self::hold_for_project`] held. One a step already woke is no matter
-    /// (see there); one that cannot be resumed would hang the next cell, so all then end.
-    pub(super) async fn release_after_project(&mut self, ids: &[String]) {
-        match self.agent_hold(false, ids).await {
-            Ok(true) => {}
-            Ok(false) => tracing::debug!("a held interpreter was woken during the project call"),
-            Err(e) => {
-                tracing::warn!(error = %e, "interpreters held for a project call could not be resumed; ending them");
-                self.end_interpreters().await;
-            }
-        }
+    /// The hold of [`Self::project_hold`] could not be proven and nothing ran: the
+    /// interpreters end and the container is proven quiet, as before. The next cell then
+    /// reports `interpreter_started`.
+    pub(super) async fn project_hold_failed(&mut self) -> Result<(), SessionFault> {
+        tracing::warn!("interpreters could not be held for a project call; ending them");
+        let user = self.settings.user();
+        self.end_interpreters().await;
+        boundary::quiesce(&self.engine, &self.id, &user, &self.keep).await
     }
 
     /// Ends every interpreter: their state is gone afterwards.

@@ -376,14 +376,9 @@ impl SessionSandbox for DockerSession {
     }
 
     async fn project(&mut self, plan: ProjectPlan) -> Result<ProjectReport, SessionFault> {
-        // The interpreters survive a project call, held stopped through it (a granted call's
-        // hold, or under gVisor its end before the lend, already covers them).
-        let held = self.hold_for_project().await?;
-        let report = self.run_project(plan).await;
-        if !held.is_empty() {
-            self.release_after_project(&held).await;
-        }
-        report
+        // The interpreters survive a project call, held stopped through it by the agent (a
+        // granted call's hold, or under gVisor its end before the lend, already covers them).
+        self.run_project(plan).await
     }
 
     async fn cell(&mut self, call: CellCall) -> Result<CellOutcome, SessionFault> {
