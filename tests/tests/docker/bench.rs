@@ -110,7 +110,7 @@ fn percentile(sorted: &[f64], p: f64) -> f64 {
 /// N snippets through the daemon against N raw `docker run --rm -i` with the same flags,
 /// interleaved in one run. `PLIMSOLL_BENCH_N` sets N (default 30).
 #[test]
-#[ignore = "benchmark: cargo test -p plimsoll-tests --test docker -- --ignored --nocapture bench"]
+#[ignore = "benchmark: cargo test --workspace --test docker -- --ignored --nocapture bench"]
 fn bench_daemon_against_raw_docker_run() {
     require_docker!();
     let n = plimsoll_tests::bench_n(30);
@@ -180,7 +180,7 @@ fn report(label: &str, n: usize, daemon_ms: &[f64], raw_ms: &[f64]) {
 /// same flags and `/work` (the files written by `sh`, no runner), interleaved: a 2-step
 /// JavaScript project and a 1-step Python project. `PLIMSOLL_BENCH_N` sets N (default 20).
 #[test]
-#[ignore = "benchmark: cargo test -p plimsoll-tests --test docker -- --ignored --nocapture bench"]
+#[ignore = "benchmark: cargo test --workspace --test docker -- --ignored --nocapture bench"]
 fn bench_projects_against_raw_docker_run() {
     require_docker!();
     let n = plimsoll_tests::bench_n(20);
@@ -235,7 +235,7 @@ fn bench_projects_against_raw_docker_run() {
 /// stdin, the results file read back on stdout), interleaved. Prints p50/p95 of both, the
 /// ratio, and rows per second at p50. `PLIMSOLL_BENCH_N` sets the repetitions (default 20).
 #[test]
-#[ignore = "benchmark: cargo test -p plimsoll-tests --test docker -- --ignored --nocapture bench_module"]
+#[ignore = "benchmark: cargo test --workspace --test docker -- --ignored --nocapture bench_module"]
 fn bench_module_oscillator_against_the_worker_in_a_container() {
     require_docker!();
     if !plimsoll_tests::docker::module_image_ready() {

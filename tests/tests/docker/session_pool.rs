@@ -400,7 +400,7 @@ fn open_and_first_cell(d: &Daemon) -> f64 {
 /// for a full pool (members are made between opens, as an idle pool would have them).
 /// `PLIMSOLL_BENCH_N` sets N (default 15).
 #[test]
-#[ignore = "benchmark: cargo test -p plimsoll-tests --test docker -- --ignored --nocapture --test-threads=1 bench_session_pool"]
+#[ignore = "benchmark: cargo test --workspace --test docker -- --ignored --nocapture --test-threads=1 bench_session_pool"]
 fn bench_session_pool_open_and_first_python_cell() {
     require_docker!();
     let n = plimsoll_tests::bench_n(15);
@@ -481,7 +481,7 @@ fn print_members(members: &[member_memory::Member]) {
 /// An idle full pool of two, measured: what one member costs (no timing; see the benchmark
 /// above for the same figures after a timed run).
 #[test]
-#[ignore = "benchmark: cargo test -p plimsoll-tests --test docker -- --ignored --nocapture bench_session_pool_idle_member"]
+#[ignore = "benchmark: cargo test --workspace --test docker -- --ignored --nocapture bench_session_pool_idle_member"]
 fn bench_session_pool_idle_member() {
     require_docker!();
     let d = pooled("2", "4");
