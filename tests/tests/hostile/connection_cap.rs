@@ -216,6 +216,10 @@ fn when_every_slot_is_busy_a_newcomer_is_closed_at_once() {
             std::thread::sleep(Duration::from_millis(50));
         }
 
+        // The daemon writes the listener's pressure at most once every 30 s: a line already
+        // written (a held connection that took an idle slot, say) holds this refusal back
+        // for the next one.
+        let pressure_before = target.log_count("the listener is full");
         let refused_at = Instant::now();
         let refused = match transport {
             // Over TLS the refusal ends the handshake.
@@ -231,11 +235,13 @@ fn when_every_slot_is_busy_a_newcomer_is_closed_at_once() {
             }
         };
         assert!(refused, "{transport:?}: a newcomer past the cap was served");
-        assert_eq!(
-            target.logged("\"refused\":1"),
-            1,
-            "{transport:?}: the refusal is in the log"
-        );
+        if pressure_before == 0 {
+            assert_eq!(
+                target.logged("\"refused\":1"),
+                1,
+                "{transport:?}: the refusal is in the log"
+            );
+        }
         assert!(
             refused_at.elapsed() < SLACK,
             "{transport:?}: refused only after {:?}",
