@@ -141,6 +141,33 @@ struct Swept {
     exit: i32,
 }
 
+/// A frame the agent answers with, named by its `op`.
+trait Answer: serde::de::DeserializeOwned {
+    /// The `op` this frame must carry.
+    const OP: &'static str;
+    fn op(&self) -> &str;
+}
+
+macro_rules! answers {
+    ($($frame:ty => $op:literal),* $(,)?) => {
+        $(impl Answer for $frame {
+            const OP: &'static str = $op;
+            fn op(&self) -> &str {
+                &self.op
+            }
+        })*
+    };
+}
+
+answers!(
+    Ready => "ready",
+    Proved => "prove",
+    Swept => "sweep",
+    Projected => "project",
+    Snipped => "snippet",
+    Held => "hold",
+);
+
 /// The held agent of one session container.
 pub(super) struct Agent {
     attached: Attached,
@@ -176,13 +203,8 @@ impl Agent {
             partial: Vec::new(),
             id: String::new(),
         };
-        let line = agent.next_line(Instant::now() + START_BUDGET).await?;
-        let ready: Ready =
-            serde_json::from_slice(&line).map_err(|e| AgentError::Framing(e.to_string()))?;
+        let ready: Ready = agent.answer(Instant::now() + START_BUDGET).await?;
         let keeper = uid.saturating_add(1);
-        if ready.op != "ready" {
-            return Err(AgentError::Unexpected);
-        }
         if ready.uid != keeper {
             return Err(AgentError::Uid(ready.uid, keeper));
         }
@@ -199,12 +221,7 @@ impl Agent {
     async fn prove(&mut self, deadline: Instant) -> Result<(), AgentError> {
         self.send(&serde_json::json!({ "op": "prove" }), deadline)
             .await?;
-        let line = self.next_line(deadline).await?;
-        let proved: Proved =
-            serde_json::from_slice(&line).map_err(|e| AgentError::Framing(e.to_string()))?;
-        if proved.op != "prove" {
-            return Err(AgentError::Unexpected);
-        }
+        let proved: Proved = self.answer(deadline).await?;
         if !proved.ok {
             tracing::warn!(
                 "the session agent's first probe did not run; project calls probe again"
@@ -233,12 +250,7 @@ impl Agent {
             "keep": keep,
         });
         self.send(&request, deadline).await?;
-        let line = self.next_line(deadline).await?;
-        let swept: Swept =
-            serde_json::from_slice(&line).map_err(|e| AgentError::Framing(e.to_string()))?;
-        if swept.op != "sweep" {
-            return Err(AgentError::Unexpected);
-        }
+        let swept: Swept = self.answer(deadline).await?;
         Ok(swept.exit)
     }
 
@@ -259,12 +271,7 @@ impl Agent {
             "hold": hold,
         });
         self.send(&request, deadline).await?;
-        let line = self.next_line(deadline).await?;
-        let projected: Projected =
-            serde_json::from_slice(&line).map_err(|e| AgentError::Framing(e.to_string()))?;
-        if projected.op != "project" {
-            return Err(AgentError::Unexpected);
-        }
+        let projected: Projected = self.answer(deadline).await?;
         if !projected.held {
             return Ok(Projection::NotHeld);
         }
@@ -296,12 +303,7 @@ impl Agent {
             "cap": cap,
         });
         self.send(&request, deadline).await?;
-        let line = self.next_line(deadline).await?;
-        let answer: Snipped =
-            serde_json::from_slice(&line).map_err(|e| AgentError::Framing(e.to_string()))?;
-        if answer.op != "snippet" {
-            return Err(AgentError::Unexpected);
-        }
+        let answer: Snipped = self.answer(deadline).await?;
         let decode = |text: &str| {
             b64.decode(text)
                 .map_err(|e| AgentError::Framing(e.to_string()))
@@ -327,16 +329,23 @@ impl Agent {
             "ids": ids,
         });
         self.send(&request, deadline).await?;
-        let line = self.next_line(deadline).await?;
-        let held: Held =
-            serde_json::from_slice(&line).map_err(|e| AgentError::Framing(e.to_string()))?;
-        if held.op != "hold" {
-            return Err(AgentError::Unexpected);
-        }
+        let held: Held = self.answer(deadline).await?;
         if !held.ok {
             return Err(AgentError::NotHeld);
         }
         Ok(stop || held.held)
+    }
+
+    /// The next frame, which must be a `T`: a line that does not parse, or another frame,
+    /// ends the exchange.
+    async fn answer<T: Answer>(&mut self, deadline: Instant) -> Result<T, AgentError> {
+        let line = self.next_line(deadline).await?;
+        let frame: T =
+            serde_json::from_slice(&line).map_err(|e| AgentError::Framing(e.to_string()))?;
+        if frame.op() != T::OP {
+            return Err(AgentError::Unexpected);
+        }
+        Ok(frame)
     }
 
     async fn send(
