@@ -158,12 +158,22 @@ impl E2bSim {
         }
     }
 
-    /// Starts `cmd args` in `vm` through envd's `process.Process/Start` (Connect JSON server
-    /// stream) and reads it to its end frame; the exit code and stdout.
-    pub fn envd_start(&self, vm: &DirectVm, cmd: &str, args: &[&str]) -> (i64, String) {
+    /// Starts `cmd args` with `envs` in `vm` through envd's `process.Process/Start` (Connect
+    /// JSON server stream) and reads it to its end frame; the exit code and stdout.
+    pub fn envd_start(
+        &self,
+        vm: &DirectVm,
+        cmd: &str,
+        args: &[&str],
+        envs: &[(&str, &str)],
+    ) -> (i64, String) {
         use base64::Engine as _;
+        let envs: serde_json::Map<String, Value> = envs
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), Value::from(*v)))
+            .collect();
         let message = serde_json::json!({
-            "process": {"cmd": cmd, "args": args, "envs": {}},
+            "process": {"cmd": cmd, "args": args, "envs": envs},
             "stdin": false,
         })
         .to_string();

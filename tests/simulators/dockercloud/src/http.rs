@@ -81,7 +81,12 @@ where
 {
     loop {
         let stream = match listener.accept().await {
-            Ok((stream, _)) => stream,
+            Ok((stream, _)) => {
+                // Small writes leave at once: otherwise a streamed answer's frames wait for
+                // the client's delayed ACK, a delay the real service does not add.
+                let _ = stream.set_nodelay(true);
+                stream
+            }
             Err(e) => {
                 tracing::debug!(error = %e, "accept failed");
                 tokio::time::sleep(std::time::Duration::from_millis(50)).await;

@@ -183,6 +183,10 @@ where
             tokio::time::sleep(std::time::Duration::from_millis(50)).await;
             continue;
         };
+        // E2B's services are Go, whose TCP connections never delay small writes (Nagle off):
+        // with it on, each frame of a streamed answer after the first waits for the client's
+        // delayed ACK, tens of milliseconds no real E2B answer has.
+        let _ = stream.set_nodelay(true);
         let handler = Arc::clone(&handler);
         tokio::spawn(async move {
             let service = hyper::service::service_fn(move |request| {
