@@ -8,6 +8,7 @@
 //! | `PUT /hosts/{name}` `{"upstream": "http://127.0.0.1:P", "caPem"?}` | map a name (e.g. the guard's) to a loopback upstream; VMs created afterwards resolve it |
 //! | `DELETE /hosts/{name}` | unmap it |
 //! | `GET /sandboxes` | `[{sandboxID, container, state, processes}]`, the docker view |
+//! | `GET /served/{id}` | `{ms, calls}`: how long sandbox `id`'s create, detail reads and process starts (each to its end frame) took to serve, for benchmarks |
 //! | `POST /sandboxes/{id}/crash` | the VM dies under the API (no E2B call): streams drop, 404 after |
 
 use std::sync::Arc;
@@ -92,6 +93,10 @@ pub async fn handle(app: Arc<App>, request: Request) -> Response {
                 .collect();
             json(StatusCode::OK, &list)
         }
+        (&Method::GET, ["served", id]) => match app.served.get(id) {
+            Some(served) => json(StatusCode::OK, &served),
+            None => problem(StatusCode::NOT_FOUND, "no call of that sandbox was served"),
+        },
         (&Method::POST, ["sandboxes", id, "crash"]) => {
             if crate::lifecycle::kill(&app, id).await {
                 empty(StatusCode::NO_CONTENT)

@@ -10,6 +10,7 @@ use crate::config::{Config, Upstream};
 use crate::egress::ca::Ca;
 use crate::faults::Faults;
 use crate::sandbox::Registry;
+use crate::served::Ledger;
 use crate::vm::Vms;
 
 pub struct App {
@@ -27,6 +28,8 @@ pub struct App {
     pub idempotency: Mutex<HashMap<String, String>>,
     /// Creates in flight, counted against `max_sandboxes` with the registry.
     pub creating: AtomicUsize,
+    /// How long each sandbox's calls took to serve (benchmarks read it).
+    pub served: Ledger,
 }
 
 fn locked<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -53,6 +56,7 @@ impl App {
             instance,
             idempotency: Mutex::new(HashMap::new()),
             creating: AtomicUsize::new(0),
+            served: Ledger::default(),
         }
     }
 

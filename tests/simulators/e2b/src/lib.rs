@@ -45,6 +45,7 @@ pub mod lifecycle;
 pub mod network;
 pub mod process;
 pub mod sandbox;
+pub mod served;
 pub mod simulator;
 pub mod token;
 pub mod vm;

@@ -128,6 +128,15 @@ impl SimulatorProcess {
         self.admin("GET", "/sandboxes", None)
     }
 
+    /// How long the simulator spent serving sandbox `id`'s create, detail reads and process
+    /// starts (each to its end frame), in milliseconds.
+    pub fn served_ms(&self, id: &str) -> std::io::Result<f64> {
+        let served = self.admin("GET", &format!("/served/{id}"), None)?;
+        served["ms"]
+            .as_f64()
+            .ok_or_else(|| std::io::Error::other(format!("served {id}: {served}")))
+    }
+
     /// The VM of `id` dies under the API.
     pub fn crash(&self, id: &str) -> std::io::Result<()> {
         self.admin("POST", &format!("/sandboxes/{id}/crash"), None)

@@ -2,6 +2,7 @@
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
+use std::time::Instant;
 
 use http::StatusCode;
 use serde::Deserialize;
@@ -33,6 +34,7 @@ struct NewSandbox {
 }
 
 pub async fn create(app: &Arc<App>, request: Request, v2: bool) -> Response {
+    let received = Instant::now();
     let key = request
         .headers()
         .get("idempotency-key")
@@ -141,5 +143,6 @@ pub async fn create(app: &Arc<App>, request: Request, v2: bool) -> Response {
             object.remove("sandboxID");
         }
     }
+    app.served.add(&id, received.elapsed());
     json(StatusCode::CREATED, &created)
 }

@@ -60,6 +60,7 @@ fn valid_id(id: &str) -> bool {
 }
 
 pub async fn handle(app: Arc<App>, request: Request) -> Response {
+    let received = std::time::Instant::now();
     let method = request.method().clone();
     let path = request.uri().path().to_owned();
     if method == Method::GET && path == "/health" {
@@ -81,7 +82,11 @@ pub async fn handle(app: Arc<App>, request: Request) -> Response {
         (_, ["sandboxes", id, ..]) | (_, ["v2", "sandboxes", id, ..]) if !valid_id(id) => {
             error(StatusCode::BAD_REQUEST, "Invalid sandbox ID")
         }
-        (&Method::GET, ["sandboxes", id]) => sandbox::get(&app, id),
+        (&Method::GET, ["sandboxes", id]) => {
+            let answer = sandbox::get(&app, id);
+            app.served.add(id, received.elapsed());
+            answer
+        }
         (&Method::DELETE, ["sandboxes", id]) => sandbox::delete(&app, id).await,
         (&Method::POST, ["sandboxes", id, "pause"]) => sandbox::pause(&app, id).await,
         (&Method::POST, ["sandboxes", id, "resume"]) => {

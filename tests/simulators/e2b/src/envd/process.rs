@@ -197,6 +197,7 @@ async fn start(app: Arc<App>, target: Target, request: Request) -> Response {
         app,
         id: target.id,
         pid,
+        received,
         deadline,
         keepalive: prepared.keepalive,
         life,
@@ -335,6 +336,8 @@ struct Stream {
     app: Arc<App>,
     id: String,
     pid: u32,
+    /// When the start's request arrived: the served time runs to the end frame.
+    received: Instant,
     deadline: Option<Instant>,
     keepalive: Duration,
     life: tokio::sync::watch::Receiver<bool>,
@@ -385,6 +388,7 @@ impl Stream {
                             if client && !faults.drop_end_frame {
                                 self.sender.send(end_stream(None)).await;
                             }
+                            self.app.served.add(&self.id, self.received.elapsed());
                             self.forget();
                             return;
                         }
