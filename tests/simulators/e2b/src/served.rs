@@ -58,3 +58,26 @@ impl Ledger {
         guard.0.get(id).copied()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn calls_add_up_per_sandbox_and_the_oldest_is_forgotten_past_the_bound() {
+        let ledger = Ledger::default();
+        ledger.add("a", Duration::from_millis(3));
+        ledger.add("a", Duration::from_micros(1500));
+        ledger.add("b", Duration::from_millis(1));
+        let a = ledger.get("a").expect("a");
+        assert_eq!(a.calls, 2);
+        assert!((a.ms - 4.5).abs() < 1e-9, "{a:?}");
+        assert!(ledger.get("c").is_none());
+        for i in 0..KEPT {
+            ledger.add(&format!("n{i}"), Duration::from_millis(1));
+        }
+        assert!(ledger.get("a").is_none(), "the oldest goes first");
+        assert!(ledger.get("b").is_none());
+        assert_eq!(ledger.get(&format!("n{}", KEPT - 1)).map(|s| s.calls), Some(1));
+    }
+}
