@@ -8,6 +8,22 @@ use super::project::{exit_code, project, run_project, steps};
 use super::session::{cell, close_as, open, sessions};
 use super::*;
 
+/// A daemon with the default process limit (`SANDBOX_PIDS` unset, 256), shared by the tests
+/// here that need it. tsc is a native Go program whose runtime starts a thread for each
+/// goroutine blocked in a file read; under the shared daemon's limit of 64 (small so fork
+/// bombs end fast) it failed on a loaded CI machine with "failed to create new OS thread
+/// (have 57 already)". A project image's toolchain is judged at the limit users get.
+fn default_limits() -> Arc<Shared> {
+    static DAEMON: Mutex<Weak<Shared>> = Mutex::new(Weak::new());
+    let mut slot = DAEMON.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some(d) = slot.upgrade() {
+        return d;
+    }
+    let d = Arc::new(Shared(Daemon::start(&env_with(&[]))));
+    *slot = Arc::downgrade(&d);
+    d
+}
+
 /// A TypeScript module using Node's own types (`@types/node` is in the image).
 const GREETING_TS: &str = "import { platform } from \"node:os\";
 export function greet(name: string): string {
@@ -40,7 +56,7 @@ export default [
 #[test]
 fn typescript_compiles_tsx_runs_and_eslint_lints_in_a_project() {
     require_docker!();
-    let d = shared();
+    let d = default_limits();
     let body = project(
         &[
             ("src/greet.ts", GREETING_TS),

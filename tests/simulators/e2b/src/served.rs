@@ -78,6 +78,9 @@ mod tests {
         }
         assert!(ledger.get("a").is_none(), "the oldest goes first");
         assert!(ledger.get("b").is_none());
-        assert_eq!(ledger.get(&format!("n{}", KEPT - 1)).map(|s| s.calls), Some(1));
+        assert_eq!(
+            ledger.get(&format!("n{}", KEPT - 1)).map(|s| s.calls),
+            Some(1)
+        );
     }
 }
