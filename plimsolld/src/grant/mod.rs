@@ -297,6 +297,9 @@ struct Live {
     /// The health check's own connection, never queued behind opens.
     health: Client,
     up: AtomicBool,
+    /// Counts the times `up` was turned off: a health answer read before the broker went
+    /// down (its child's exit can be seen first) must not turn it back on.
+    downs: AtomicU32,
     profiles: AtomicU32,
     /// The broker's catalogue as of the last health check that saw it change.
     catalogue: RwLock<Arc<Catalogue>>,
@@ -359,6 +362,7 @@ impl Grants {
             client,
             health,
             up: AtomicBool::new(true),
+            downs: AtomicU32::new(0),
             profiles: AtomicU32::new(hello.profiles),
             catalogue: RwLock::new(Arc::new(catalogue)),
             child,
@@ -651,6 +655,9 @@ async fn watch(live: std::sync::Weak<Live>) {
         let client = l.health.clone();
         drop(l);
         tokio::time::sleep(pause).await;
+        let Some(l) = live.upgrade() else { return };
+        let downs = l.downs.load(Ordering::SeqCst);
+        drop(l);
         let answer = client.hello().await;
         let Some(l) = live.upgrade() else { return };
         match answer {
@@ -666,6 +673,11 @@ async fn watch(live: std::sync::Weak<Live>) {
                             continue;
                         }
                     }
+                }
+                // Marked down since this hello left (the child exited, or an open saw the
+                // channel break): the answer may predate that, and the next check decides.
+                if l.downs.load(Ordering::SeqCst) != downs {
+                    continue;
                 }
                 if !l.up.swap(true, Ordering::Relaxed) {
                     tracing::info!(
@@ -685,6 +697,7 @@ async fn watch(live: std::sync::Weak<Live>) {
 impl Live {
     /// Refuses granted runs until the broker answers `hello` again.
     fn mark_down(&self, why: &str) {
+        self.downs.fetch_add(1, Ordering::SeqCst);
         if self.up.swap(false, Ordering::Relaxed) {
             tracing::warn!(
                 reason = why,
