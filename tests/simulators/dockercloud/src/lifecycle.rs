@@ -179,7 +179,7 @@ fn finish(state: &State, op_id: &str, error: Option<(Code, String)>, result: Opt
 }
 
 async fn provision(state: Arc<State>, id: String, op_id: String, image_known: bool, stuck: bool) {
-    let Some(_in_flight) = state.provisioning() else {
+    let Some(_in_flight) = state.makers.begin() else {
         return;
     };
     let Some(sandbox) = state.lock().sandboxes.get(&id).cloned() else {
@@ -389,25 +389,19 @@ pub fn stop_forwarder(state: &State, id: &str) {
 }
 
 /// Removes every container this simulator made (at shutdown), after the provisioning
-/// tasks in flight (at most 60 s), so none makes a container behind it.
+/// tasks in flight (at most 30 s), so none makes a container behind it.
 pub async fn remove_all(state: &State) {
-    state
-        .closing
-        .store(true, std::sync::atomic::Ordering::SeqCst);
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
-    while state.provisioning.load(std::sync::atomic::Ordering::SeqCst) > 0
-        && tokio::time::Instant::now() < deadline
-    {
-        tokio::time::sleep(Duration::from_millis(50)).await;
+    let stuck = state.makers.close(Duration::from_secs(30)).await;
+    if stuck > 0 {
+        tracing::warn!(stuck, "provisioning tasks still running at shutdown");
     }
     let ids: Vec<String> = state.lock().sandboxes.keys().cloned().collect();
     for id in ids {
         remove(state, &id).await;
     }
     let label = format!("{LABEL_INSTANCE}={}", state.settings.instance);
-    if let Ok(leftovers) = state.docker.list_labelled(&label).await {
-        for container in leftovers {
-            let _ = state.docker.remove(&container).await;
-        }
+    let left = state.docker.remove_every(&label).await;
+    if left > 0 {
+        tracing::warn!(left, "containers of this simulator could not be removed");
     }
 }

@@ -3,10 +3,10 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, SystemTime};
 
+use sim_support::closing::Makers;
 use tokio::sync::Notify;
 
 use crate::docker::Docker;
@@ -184,19 +184,8 @@ pub struct State {
     pub changed: Notify,
     /// Signs the access tokens the exchange issues.
     pub jwt_key: [u8; 32],
-    /// Set at shutdown: no container is made after it.
-    pub closing: AtomicBool,
-    /// Provisioning tasks in flight (shutdown waits for them).
-    pub provisioning: AtomicUsize,
-}
-
-/// One provisioning task in flight; dropping it says it is over.
-pub struct Provisioning<'a>(&'a State);
-
-impl Drop for Provisioning<'_> {
-    fn drop(&mut self) {
-        self.0.provisioning.fetch_sub(1, Ordering::SeqCst);
-    }
+    /// Provisioning tasks in flight; at shutdown no container is made after them.
+    pub makers: Makers,
 }
 
 impl State {
@@ -209,16 +198,8 @@ impl State {
             inner: Mutex::new(Inner::default()),
             changed: Notify::new(),
             jwt_key,
-            closing: AtomicBool::new(false),
-            provisioning: AtomicUsize::new(0),
+            makers: Makers::default(),
         })
-    }
-
-    /// Counts a provisioning task in; `None` once the simulator is closing.
-    pub fn provisioning(&self) -> Option<Provisioning<'_>> {
-        self.provisioning.fetch_add(1, Ordering::SeqCst);
-        let guard = Provisioning(self);
-        (!self.closing.load(Ordering::SeqCst)).then_some(guard)
     }
 
     /// The account's state. A poisoned lock still holds consistent maps (every update

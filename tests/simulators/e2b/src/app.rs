@@ -30,9 +30,13 @@ pub struct App {
     pub creating: AtomicUsize,
     /// How long each sandbox's calls took to serve (benchmarks read it).
     pub served: Ledger,
+    /// Creates in flight; at shutdown no VM is made after them.
+    pub makers: sim_support::closing::Makers,
 }
 
-fn locked<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+/// A lock whose holder panicked still guards plain data (each update is one insert or field
+/// write): keep serving it.
+pub(crate) fn locked<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
     mutex
         .lock()
         .unwrap_or_else(std::sync::PoisonError::into_inner)
@@ -56,6 +60,7 @@ impl App {
             instance,
             idempotency: Mutex::new(HashMap::new()),
             creating: AtomicUsize::new(0),
+            makers: Default::default(),
             served: Ledger::default(),
         }
     }

@@ -40,10 +40,15 @@ pub enum LifecycleError {
     Files(#[from] std::io::Error),
     #[error("You have reached the maximum number of concurrent E2B sandboxes ({0}).")]
     Capacity(usize),
+    #[error("the simulator is shutting down")]
+    Closing,
 }
 
 /// Makes the VM and registers the sandbox; answers its id.
 pub async fn create(app: &Arc<App>, spec: CreateSpec) -> Result<String, LifecycleError> {
+    let Some(_making) = app.makers.begin() else {
+        return Err(LifecycleError::Closing);
+    };
     let max = app.config.max_sandboxes;
     if app.sandboxes.count() + app.creating.fetch_add(1, Ordering::SeqCst) >= max {
         app.creating.fetch_sub(1, Ordering::SeqCst);

@@ -173,11 +173,7 @@ pub struct Registry {
 impl Registry {
     /// The locked map. The lock is never held across an await.
     pub fn lock(&self) -> MutexGuard<'_, BTreeMap<String, Sandbox>> {
-        // A panic while holding this lock is a bug in the simulator; the state is still the
-        // best there is, so keep serving it.
-        self.sandboxes
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
+        crate::app::locked(&self.sandboxes)
     }
 
     /// Runs `f` on the sandbox `id`, if it exists.

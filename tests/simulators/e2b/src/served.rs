@@ -11,6 +11,8 @@ use std::time::Duration;
 
 use serde::Serialize;
 
+use crate::app::locked;
+
 /// Sandboxes remembered; the oldest is forgotten past this (a long test makes thousands).
 const KEPT: usize = 4096;
 
@@ -31,10 +33,7 @@ pub struct Ledger {
 impl Ledger {
     /// Adds `took` to sandbox `id`'s time.
     pub fn add(&self, id: &str, took: Duration) {
-        let mut guard = self
-            .inner
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let mut guard = locked(&self.inner);
         let (times, order) = &mut *guard;
         if !times.contains_key(id) {
             if order.len() >= KEPT
@@ -51,11 +50,7 @@ impl Ledger {
 
     /// Sandbox `id`'s time, if any call of it was counted.
     pub fn get(&self, id: &str) -> Option<Served> {
-        let guard = self
-            .inner
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        guard.0.get(id).copied()
+        locked(&self.inner).0.get(id).copied()
     }
 }
 

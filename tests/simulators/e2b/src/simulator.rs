@@ -4,6 +4,7 @@
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
+use std::time::Duration;
 
 use serde_json::json;
 use tokio::net::TcpListener;
@@ -69,7 +70,7 @@ impl Simulator {
         std::fs::write(state_dir.join("ca-bundle.crt"), ca.pem()).map_err(io("ca-bundle.crt"))?;
         let vms = Vms::connect(config.runtime, &instance, config.agent.clone()).await?;
         // Leftovers of simulators that died without cleaning up.
-        vms.sweep(false).await;
+        vms.sweep_orphans().await;
         let app = Arc::new(App::new(config, vms, ca, state_dir, instance));
         let (shutdown, stopped) = watch::channel(false);
 
@@ -153,11 +154,20 @@ impl Simulator {
     /// Stops the listeners and removes every VM and file of this simulator.
     pub async fn shutdown(self) {
         let _ = self.shutdown.send(true);
+        // A create's connection task outlives the listeners: wait for it, or its VM would
+        // appear after the sweep below.
+        let stuck = self.app.makers.close(Duration::from_secs(30)).await;
+        if stuck > 0 {
+            eprintln!("e2b-simulator: {stuck} creates still running at shutdown");
+        }
         let ids: Vec<String> = self.app.sandboxes.lock().keys().cloned().collect();
         for id in ids {
             crate::lifecycle::kill(&self.app, &id).await;
         }
-        self.app.vms.sweep(true).await;
+        let left = self.app.vms.remove_every().await;
+        if left > 0 {
+            eprintln!("e2b-simulator: {left} VMs could not be removed");
+        }
         if self.owns_state_dir {
             let _ = std::fs::remove_dir_all(&self.app.state_dir);
         }

@@ -272,8 +272,9 @@ impl Vms {
         Ok(bounded("unpause", QUICK, api.unpause_container(container)).await?)
     }
 
-    /// Removes every container of this instance, and those of simulators that are gone.
-    pub async fn sweep(&self, everything_of_this_instance: bool) -> usize {
+    /// Removes the containers of simulators that are gone (their owner process died before
+    /// its own shutdown could).
+    pub async fn sweep_orphans(&self) -> usize {
         let options = ListContainersOptions {
             all: true,
             filters: Some(HashMap::from([(
@@ -293,7 +294,8 @@ impl Vms {
             let orphan = labels
                 .get(LABEL_OWNER)
                 .is_some_and(|owner| !owner_alive(owner));
-            if ((ours && everything_of_this_instance) || (!ours && orphan))
+            if !ours
+                && orphan
                 && let Some(id) = container.id
             {
                 self.remove(&id).await;
@@ -301,6 +303,14 @@ impl Vms {
             }
         }
         removed
+    }
+
+    /// Removes every VM of this simulator (at shutdown), listing again until none is left;
+    /// answers how many could not be removed.
+    pub async fn remove_every(&self) -> usize {
+        self.docker
+            .remove_every(&format!("{LABEL_INSTANCE}={}", self.instance))
+            .await
     }
 
     /// Starts `argv` in `container` as `user` with output attached (and stdin when `stdin`).

@@ -303,6 +303,30 @@ impl Engine {
         Ok(found.into_iter().filter_map(|c| c.id).collect())
     }
 
+    /// Removes every container carrying `label`, listing again after each pass until a
+    /// listing succeeds empty (a create the engine was still finishing shows up in a later
+    /// one), at most five passes; answers how many were still listed at the end.
+    pub async fn remove_every(&self, label: &str) -> usize {
+        let mut left = 0;
+        for pass in 0..5 {
+            if pass > 0 {
+                tokio::time::sleep(Duration::from_millis(500)).await;
+            }
+            match self.list_labelled(label).await {
+                Ok(ids) if ids.is_empty() => return 0,
+                Ok(ids) => {
+                    left = ids.len();
+                    for id in ids {
+                        let _ = self.remove(&id).await;
+                    }
+                }
+                // Not known to be clean: count it as one left and try again.
+                Err(_) => left = left.max(1),
+            }
+        }
+        left
+    }
+
     /// Starts a command in the container with stdout and stderr (and stdin, unless
     /// `closed_stdin`) attached.
     pub async fn exec(&self, container: &str, command: Command) -> Result<Attached, DockerError> {

@@ -111,6 +111,8 @@ pub struct State {
     pub gateway_info_calls: std::sync::atomic::AtomicU64,
     /// SSH-session tokens ever made (the token table forgets a deleted sandbox's).
     pub ssh_sessions_created: std::sync::atomic::AtomicU64,
+    /// Provisioning tasks in flight; at shutdown no container is made after them.
+    pub makers: sim_support::closing::Makers,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -131,6 +133,7 @@ impl State {
             execs_started: std::sync::atomic::AtomicU64::new(0),
             gateway_info_calls: std::sync::atomic::AtomicU64::new(0),
             ssh_sessions_created: std::sync::atomic::AtomicU64::new(0),
+            makers: Default::default(),
         }
     }
 

@@ -222,6 +222,9 @@ pub fn create(state: &Arc<State>, req: CreateSandboxRequest) -> Result<SandboxRe
 /// Makes (first time) and starts the container, then marks the sandbox READY; any failure
 /// marks it ERROR. `generation` is the run this start belongs to.
 async fn provision(state: Arc<State>, name: String, generation: u64) {
+    let Some(_making) = state.makers.begin() else {
+        return;
+    };
     let delay = state.faults().provision_delay_ms;
     tokio::time::sleep(Duration::from_millis(delay)).await;
     let Some(entry) = state.entry(&name) else {
@@ -612,18 +615,17 @@ pub fn start(state: &Arc<State>, req: StartSandboxRequest) -> Result<SandboxResp
     })
 }
 
-/// Removes every container this simulator made (at shutdown).
+/// Removes every container this simulator made (at shutdown), after the provisioning
+/// tasks in flight (at most 30 s), so none makes a container behind it.
 pub async fn remove_all(state: &Arc<State>) {
+    let stuck = state.makers.close(Duration::from_secs(30)).await;
+    if stuck > 0 {
+        tracing::warn!(stuck, "provisioning tasks still running at shutdown");
+    }
     let label = format!("{LABEL_INSTANCE}={}", state.settings.instance);
-    match state.docker.list_labelled(&label).await {
-        Ok(ids) => {
-            for id in ids {
-                if let Err(e) = state.docker.remove(&id).await {
-                    tracing::warn!(container = %id, error = %e, "removing a sandbox container failed");
-                }
-            }
-        }
-        Err(e) => tracing::warn!(error = %e, "listing the sandbox containers failed"),
+    let left = state.docker.remove_every(&label).await;
+    if left > 0 {
+        tracing::warn!(left, "sandbox containers could not be removed");
     }
     state.sandboxes().clear();
 }
