@@ -652,11 +652,12 @@ async fn watch(live: std::sync::Weak<Live>) {
         } else {
             RETRY_EVERY
         };
-        let client = l.health.clone();
         drop(l);
         tokio::time::sleep(pause).await;
+        // The client and the down count are taken together, after the pause, so the hello
+        // below is judged against the state it was sent in.
         let Some(l) = live.upgrade() else { return };
-        let downs = l.downs.load(Ordering::SeqCst);
+        let (client, downs) = (l.health.clone(), l.downs.load(Ordering::SeqCst));
         drop(l);
         let answer = client.hello().await;
         let Some(l) = live.upgrade() else { return };
