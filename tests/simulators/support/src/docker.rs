@@ -304,14 +304,13 @@ impl Engine {
     }
 
     /// Removes every container carrying `label`, listing again after each pass until a
-    /// listing succeeds empty (a create the engine was still finishing shows up in a later
-    /// one), at most five passes; answers how many were still listed at the end.
+    /// listing succeeds empty (a create the engine was still finishing, or a removal it was
+    /// still carrying out, shows up in a later one), for at most 20 s; answers how many were
+    /// still listed at the end.
     pub async fn remove_every(&self, label: &str) -> usize {
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
         let mut left = 0;
-        for pass in 0..5 {
-            if pass > 0 {
-                tokio::time::sleep(Duration::from_millis(500)).await;
-            }
+        loop {
             match self.list_labelled(label).await {
                 Ok(ids) if ids.is_empty() => return 0,
                 Ok(ids) => {
@@ -323,8 +322,11 @@ impl Engine {
                 // Not known to be clean: count it as one left and try again.
                 Err(_) => left = left.max(1),
             }
+            if tokio::time::Instant::now() >= deadline {
+                return left;
+            }
+            tokio::time::sleep(Duration::from_millis(500)).await;
         }
-        left
     }
 
     /// Starts a command in the container with stdout and stderr (and stdin, unless
