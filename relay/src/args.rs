@@ -1,6 +1,28 @@
-//! The relay's command line: `plimsoll-relay <port> <socket>`.
+//! The relay's command lines: `plimsoll-relay <port> <socket>` (grants on OpenShell) and
+//! `plimsoll-relay cell <kernel dir> <work dir>` (a session's cell relay, [`crate::cell`]).
 
 use std::path::PathBuf;
+
+/// The word that selects the cell relay.
+pub const CELL: &str = "cell";
+
+/// Which relay the command line asks for.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Mode {
+    /// The grants relay: a port and a socket.
+    Grants(Args),
+    /// The cell relay for one interpreter.
+    Cell(CellArgs),
+}
+
+/// What the cell relay serves.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CellArgs {
+    /// The interpreter's kernel directory: its `out` and `err` FIFOs and `ctl.sock`.
+    pub kernel_dir: PathBuf,
+    /// Where cells' files land (absolute, exactly as the daemon passed it).
+    pub work: String,
+}
 
 /// What the relay serves.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -17,12 +39,41 @@ pub struct UsageError(pub String);
 
 impl std::fmt::Display for UsageError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{} (usage: plimsoll-relay <port> <socket>)", self.0)
+        write!(
+            f,
+            "{} (usage: plimsoll-relay <port> <socket> | plimsoll-relay cell <kernel dir> <work dir>)",
+            self.0
+        )
+    }
+}
+
+impl Mode {
+    /// Reads the arguments after the program's name.
+    pub fn parse(args: impl IntoIterator<Item = String>) -> Result<Mode, UsageError> {
+        let args: Vec<String> = args.into_iter().collect();
+        if args.first().map(String::as_str) != Some(CELL) {
+            return Args::parse(args).map(Mode::Grants);
+        }
+        let [_, dir, work] = args.as_slice() else {
+            return Err(UsageError(format!(
+                "cell expects 2 arguments, got {}",
+                args.len() - 1
+            )));
+        };
+        for path in [dir, work] {
+            if !path.starts_with('/') || path.contains('\0') {
+                return Err(UsageError(format!("{path:?} is not an absolute path")));
+            }
+        }
+        Ok(Mode::Cell(CellArgs {
+            kernel_dir: PathBuf::from(dir),
+            work: work.clone(),
+        }))
     }
 }
 
 impl Args {
-    /// Reads the arguments after the program's name.
+    /// Reads the grants relay's arguments after the program's name.
     pub fn parse(args: impl IntoIterator<Item = String>) -> Result<Args, UsageError> {
         let args: Vec<String> = args.into_iter().collect();
         let [port, socket] = args.as_slice() else {
@@ -65,6 +116,32 @@ mod tests {
             args.socket,
             PathBuf::from("/tmp/.plimsoll-host-0123456789ab.sock")
         );
+    }
+
+    #[test]
+    fn cell_takes_a_kernel_dir_and_a_work_dir() {
+        let words = ["cell", "/tmp/.plimsoll-interp/python", "/work"].map(str::to_owned);
+        assert_eq!(
+            Mode::parse(words).unwrap(),
+            Mode::Cell(CellArgs {
+                kernel_dir: PathBuf::from("/tmp/.plimsoll-interp/python"),
+                work: "/work".to_owned(),
+            })
+        );
+        for bad in [
+            &["cell"][..],
+            &["cell", "/d"],
+            &["cell", "d", "/w"],
+            &["cell", "/d", "w"],
+            &["cell", "/d", "/w", "x"],
+        ] {
+            assert!(
+                Mode::parse(bad.iter().map(|w| (*w).to_owned())).is_err(),
+                "{bad:?}"
+            );
+        }
+        let grants = ["20001", "/tmp/s"].map(str::to_owned);
+        assert!(matches!(Mode::parse(grants), Ok(Mode::Grants(_))));
     }
 
     #[test]

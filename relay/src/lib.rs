@@ -22,12 +22,17 @@
 //! `port` is the up side's loopback TCP port (`127.0.0.1`), `socket` the down side's path (it
 //! must not exist yet). The relay stops when its stdin ends (plimsolld closes it at the run's
 //! end) or when plimsolld cancels its exec, which kills it.
+//!
+//! The same binary is also a session's cell relay, `plimsoll-relay cell <kernel dir> <work
+//! dir>`: see [`cell`].
 #![forbid(unsafe_code)]
 
 pub mod protocol;
 
 #[cfg(feature = "binary")]
 pub mod args;
+#[cfg(feature = "binary")]
+pub mod cell;
 #[cfg(feature = "binary")]
 pub mod pairing;
 #[cfg(feature = "binary")]

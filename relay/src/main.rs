@@ -1,22 +1,39 @@
-//! `plimsoll-relay <port> <socket>`: see the crate docs. Thin over [`relay::serve`].
+//! `plimsoll-relay <port> <socket>` and `plimsoll-relay cell <kernel dir> <work dir>`: see the
+//! crate docs. Thin over [`relay::serve`] and [`relay::cell::serve`].
 
 use std::process::ExitCode;
 
-use relay::args::Args;
+use relay::args::{Args, CellArgs, Mode};
 use relay::protocol::{EXIT_CANNOT_LISTEN, EXIT_USAGE};
 use relay::serve::{ServeError, serve};
 
+/// The cell relay's exit status when it ends other than by stdin's end (the Node relay's).
+const EXIT_CELL_FAILED: i32 = 2;
+/// The exit status when the process cannot be made non-dumpable (the runner guard's).
+const EXIT_UNGUARDED: i32 = 125;
+
 fn main() -> ExitCode {
-    let args = match Args::parse(std::env::args().skip(1)) {
-        Ok(args) => args,
+    let mode = match Mode::parse(std::env::args().skip(1)) {
+        Ok(mode) => mode,
         Err(e) => {
             eprintln!("plimsoll-relay: {e}");
             return code(EXIT_USAGE);
         }
     };
+    // The cell relay's first act, before it opens or reads anything: no process of the same
+    // uid (a session's code) may trace it or open its memory. The runner guard did this for
+    // the Node relay through LD_PRELOAD, which a static binary ignores. (The grants relay
+    // never held a secret of a session's and stays as it was.)
+    if matches!(mode, Mode::Cell(_))
+        && let Err(e) = nix::sys::prctl::set_dumpable(false)
+    {
+        eprintln!("plimsoll-relay: cannot make the process non-dumpable: {e}");
+        return code(EXIT_UNGUARDED);
+    }
     // One thread: the relay copies a handful of connections and must stay small.
     let runtime = match tokio::runtime::Builder::new_current_thread()
         .enable_io()
+        .enable_time()
         .build()
     {
         Ok(runtime) => runtime,
@@ -25,6 +42,13 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
+    match mode {
+        Mode::Grants(args) => grants(&runtime, args),
+        Mode::Cell(args) => cell(&runtime, args),
+    }
+}
+
+fn grants(runtime: &tokio::runtime::Runtime, args: Args) -> ExitCode {
     match runtime.block_on(serve(args)) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e @ (ServeError::Socket { .. } | ServeError::Port { .. })) => {
@@ -34,6 +58,16 @@ fn main() -> ExitCode {
         Err(e) => {
             eprintln!("plimsoll-relay: {e}");
             ExitCode::FAILURE
+        }
+    }
+}
+
+fn cell(runtime: &tokio::runtime::Runtime, args: CellArgs) -> ExitCode {
+    match runtime.block_on(relay::cell::serve::serve(args)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("relay: {e}");
+            code(EXIT_CELL_FAILED)
         }
     }
 }

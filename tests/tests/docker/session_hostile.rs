@@ -72,8 +72,9 @@ fn session_code_cannot_trace_or_write_any_kept_process() {
             ("init", 1),
             ("sleep", 1),
             ("node --expose-internals", 1),
-            // The two relays and the session agent.
-            ("node -e", 3),
+            // The two relays (static, non-dumpable by their own prctl) and the session agent.
+            ("/usr/local/bin/plimsoll-relay cell", 2),
+            ("node -e", 1),
         ],
         "a python cell",
     );
@@ -102,9 +103,9 @@ process.stdout.write(r.stdout || ''); process.stderr.write(r.stderr || String(r.
             ("sleep", 1),
             ("python3 -I", 1),
             ("node --expose-internals", 1),
-            // The two relays: the agent started the snippet, so it is the attack's ancestor
+            // The two relays; the agent started the snippet, so it is the attack's ancestor
             // here (attacked from the cell above, and by the agent tests below).
-            ("node -e", 2),
+            ("/usr/local/bin/plimsoll-relay cell", 2),
         ],
         "a snippet",
     );

@@ -22,7 +22,7 @@ use async_trait::async_trait;
 
 use super::envd::{self, Command as EnvdCommand, Ending, Envd, HeldStdin, HeldStdout};
 use super::session::E2bSession;
-use crate::provider::guest::cell::{Checker, Layout, RelayParent};
+use crate::provider::guest::cell::{CellRelay, Checker, Layout, RelayParent};
 use crate::provider::guest::cells::{self, Target};
 use crate::provider::guest::{Command, ExecError, GuestExec, Held, HeldInput, HeldOutput, Ran};
 use crate::provider::{CellCall, CellOutcome, SessionFault};
@@ -48,6 +48,8 @@ pub(super) fn target(user: &Envd, root: &Envd) -> Target {
         interpreter_prefix: Vec::new(),
         guard: None,
         relay_parent: RelayParent::Root,
+        // E2B's template is E2B's, not plimsoll's image: it has node but no relay binary.
+        relay: CellRelay::Node,
     };
     let exec: Arc<dyn GuestExec> = Arc::new(VmExec {
         user: user.clone(),

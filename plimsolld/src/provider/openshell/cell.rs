@@ -32,7 +32,7 @@ use super::proto::v1::{ExecSandboxEvent, ExecSandboxInput};
 use super::runs::WORK;
 use crate::provider::guest::GuestExec;
 pub use crate::provider::guest::cell::Interpreter;
-use crate::provider::guest::cell::{Checker, Layout, RelayParent};
+use crate::provider::guest::cell::{CellRelay, Checker, Layout, RelayParent};
 use crate::provider::guest::cells::Target;
 use crate::provider::guest::outcome::GUARD;
 use crate::provider::guest::output::Capped;
@@ -70,6 +70,8 @@ pub fn target(gateway: Gateway, sandbox: String) -> Target {
         interpreter_prefix: vec!["env".to_owned(), format!("LD_PRELOAD={GUARD}")],
         guard: Some(GUARD.to_owned()),
         relay_parent: RelayParent::Outside,
+        // The sandbox image carries the relay already (grants use it).
+        relay: CellRelay::Binary(super::dial::RELAY_BINARY.to_owned()),
     };
     let exec: Arc<dyn GuestExec> = Arc::new(SandboxExec { gateway, sandbox });
     (exec, layout)

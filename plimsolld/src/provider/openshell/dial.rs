@@ -40,8 +40,8 @@ use super::proto::v1::{
     ExecSandboxEvent, ExecSandboxInput, TcpForwardFrame, TcpForwardInit, TcpRelayTarget,
 };
 
-/// The relay binary in the image.
-pub const RELAY_BINARY: &str = "/usr/local/bin/plimsoll-relay";
+/// The relay binary in the image (the same binary serves the sandbox's cells).
+pub const RELAY_BINARY: &str = crate::provider::guest::cell::RELAY_BINARY;
 /// How long the relay may take to say `ready`.
 const READY_TIMEOUT: Duration = Duration::from_secs(15);
 /// How many ports are tried when one is taken.

@@ -119,6 +119,8 @@ fn kind(cmdline: &str) -> String {
         }
     } else if cmdline.contains("plimsoll's session agent") {
         "agent (node)".to_owned()
+    } else if cmdline.contains("plimsoll-relay\0cell\0") {
+        format!("relay {} (plimsoll-relay)", language())
     } else if cmdline.contains("plimsoll's cell relay") {
         format!("relay {} (node)", language())
     } else if cmdline.contains("cell kernel") {

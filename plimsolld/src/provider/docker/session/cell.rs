@@ -8,6 +8,7 @@
 mod tests;
 
 pub use crate::provider::guest::cell::{CellError, CellLanguage, Interpreter, Layout};
+use crate::provider::guest::cell::{CellRelay, RELAY_BINARY};
 
 use std::sync::Arc;
 
@@ -67,6 +68,7 @@ pub fn layout(guest: &Guest) -> Layout {
         interpreter_prefix: prefix,
         guard: Some(GUARD.to_owned()),
         relay_parent: crate::provider::guest::cell::RelayParent::Outside,
+        relay: CellRelay::Binary(RELAY_BINARY.to_owned()),
     }
 }
 

@@ -2,8 +2,8 @@
 //! are (providers.md §9.6: launcher, host verification, relay).
 //!
 //! The order is the proof: the launcher reports the interpreter's identity; its command line
-//! must be exactly the one started; the relay (under the runner guard, non-dumpable) reports its
-//! own; then a check program out of every session process's reach ([`Checker`]) confirms from
+//! must be exactly the one started; the relay (non-dumpable: by its own prctl, or the Node relay
+//! by the runner guard) reports its own; then a check program out of every session process's reach ([`Checker`]) confirms from
 //! `/proc` that the interpreter is live and the only process with its command line and that the
 //! relay's parent PID is 0 (only a child of the provider's exec agent has that).
 
@@ -15,7 +15,7 @@ use tokio::time::Instant;
 
 use super::frames::{self, Frame};
 use super::identity::ProcessId;
-use super::{CellError, CellLanguage, Checker, Interpreter, Layout, RelayParent};
+use super::{CellError, CellLanguage, CellRelay, Checker, Interpreter, Layout, RelayParent};
 use crate::provider::guest::{Command, GuestExec, Ran, guarded};
 
 /// The launcher script.
@@ -24,8 +24,10 @@ pub const LAUNCH_SCRIPT: &str = include_str!("launch.sh");
 pub const KERNEL_JS: &str = include_str!("kernel.js");
 /// The Python kernel.
 pub const KERNEL_PY: &str = include_str!("kernel.py");
-/// The relay program.
+/// The Node relay program, for guests without [`RELAY_BINARY`].
 pub const RELAY_JS: &str = include_str!("relay.js");
+/// The relay binary in plimsoll's project image (the workspace's relay crate, built static).
+pub const RELAY_BINARY: &str = "/usr/local/bin/plimsoll-relay";
 /// The identity check, run as uid+1.
 pub const CHECK_JS: &str = include_str!("check.js");
 /// The ender, run as the guest by [`Interpreter::close`], after the identity check it shares
@@ -86,13 +88,15 @@ impl CellLanguage {
         argv
     }
 
-    /// The relay's argv after the guard's `exec`, for cells in `work`: what its command line
-    /// must be.
-    pub fn relay_argv(self, work: &str) -> Vec<String> {
-        ["node", "-e", RELAY_JS, &self.dir(), work]
-            .iter()
-            .map(|a| (*a).to_owned())
-            .collect()
+    /// The relay's argv (after the guard's `exec`, for the Node relay), for cells in `work`:
+    /// what its command line must be.
+    pub fn relay_argv(self, relay: &CellRelay, work: &str) -> Vec<String> {
+        let dir = self.dir();
+        let argv: Vec<&str> = match relay {
+            CellRelay::Binary(path) => vec![path, "cell", &dir, work],
+            CellRelay::Node => vec!["node", "-e", RELAY_JS, &dir, work],
+        };
+        argv.into_iter().map(str::to_owned).collect()
     }
 }
 
@@ -205,7 +209,12 @@ pub async fn launch(
         ProcessId::verify(report.trim_end_matches('\n'), &language.interpreter_argv())
             .map_err(|e| failed(e.to_string()))?;
 
-    let relay_argv = with_guard(&layout, language.relay_argv(&layout.work));
+    let relay_argv = language.relay_argv(&layout.relay, &layout.work);
+    // The binary guards itself (a static binary ignores LD_PRELOAD); Node needs the guard.
+    let relay_argv = match layout.relay {
+        CellRelay::Binary(_) => relay_argv,
+        CellRelay::Node => with_guard(&layout, relay_argv),
+    };
     let relay_command = Command {
         stderr_cap: RELAY_STDERR_CAP,
         ..short(&relay_argv, &layout.user, &[], deadline)
@@ -232,7 +241,7 @@ pub async fn launch(
     };
     let relay = match tokio::time::timeout_at(deadline, pending.frames.recv()).await {
         Ok(Some(Ok(Frame::Ready(text)))) => {
-            ProcessId::verify(&text, &language.relay_argv(&layout.work))
+            ProcessId::verify(&text, &language.relay_argv(&layout.relay, &layout.work))
                 .map_err(|e| failed(e.to_string()))
         }
         Ok(Some(Ok(other))) => Err(failed(format!("the relay began with {other:?}"))),

@@ -4,7 +4,9 @@
 //!
 //! An [`Interpreter`] is a kernel process (`node --expose-internals` or `python3 -I`) started
 //! by the launcher script in its own session with its output on two FIFOs, plus a relay
-//! program (Node, under the runner guard) that the daemon holds over a long-lived command
+//! program (the image's static `plimsoll-relay cell`, which makes itself non-dumpable; where
+//! the image has none, a Node program under the runner guard: [`CellRelay`]) that the daemon
+//! holds over a long-lived command
 //! ([`GuestExec::start`]). Both are proven at launch (see [`launch`]): the daemon never trusts
 //! a PID a session process could have made up. Per cell, the daemon and the relay speak one
 //! JSON line at a time, every relay frame carrying the cell's random nonce:
@@ -43,7 +45,9 @@ use tokio::time::Instant;
 
 use self::frames::{Frame, FrameError};
 pub use self::identity::ProcessId;
-pub use self::launch::{CHECK_JS, END_JS, KERNEL_JS, KERNEL_PY, LAUNCH_SCRIPT, RELAY_JS};
+pub use self::launch::{
+    CHECK_JS, END_JS, KERNEL_JS, KERNEL_PY, LAUNCH_SCRIPT, RELAY_BINARY, RELAY_JS,
+};
 use super::output::Capped;
 use super::{GuestExec, HeldInput};
 
@@ -75,6 +79,22 @@ pub struct Layout {
     pub guard: Option<String>,
     /// What the relay's parent must be for the check to accept it.
     pub relay_parent: RelayParent,
+    /// Which relay program the guest runs.
+    pub relay: CellRelay,
+}
+
+/// The relay program of a guest's cells. Both speak the same lines (the relay crate's
+/// `cell` module describes them).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum CellRelay {
+    /// The static binary at this path (the project image's [`RELAY_BINARY`]): about 1 MiB
+    /// resident against Node's 10 or more. It makes itself non-dumpable as its first act
+    /// (the runner guard's `LD_PRELOAD` would not reach a static binary), so it starts
+    /// without the guard's prefix.
+    Binary(String),
+    /// `node -e <RELAY_JS>` under the layout's runner guard, where the guest's image has no
+    /// relay binary (e2b's template, which plimsoll does not build).
+    Node,
 }
 
 /// The relay's parent as the identity check requires it: proof that the provider's exec agent

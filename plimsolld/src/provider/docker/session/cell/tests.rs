@@ -443,7 +443,8 @@ async fn a_cell_cannot_read_the_relays_memory() {
     let out = cell(&mut py, &probe).await;
     assert_eq!(out.exit_code, 0, "{out:?}");
     let seen = text(&out.stdout);
-    // The runner guard makes the relay non-dumpable: its memory is closed to the guest uid.
+    // The relay makes itself non-dumpable (prctl, its first act): its memory is closed to the
+    // guest uid.
     // gVisor still opens a non-dumpable process's fd entries to its own uid (see the guard).
     let expected = if bed.runsc {
         "['Permission denied', 'open', 'open']\n"
