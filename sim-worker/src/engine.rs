@@ -51,9 +51,39 @@ pub fn config() -> Config {
     config
 }
 
-/// The engine for [`config`], as `sim-precompile` uses it.
+/// The engine for [`config`], as `sim-precompile` uses it, compiling for a fixed CPU baseline.
+///
+/// Left to itself Cranelift targets every feature the build machine's CPU reports, and the
+/// worker refuses an artifact that needs a feature its CPU lacks. The build machine and the
+/// sandbox can disagree even on one host: gVisor hides some features (AVX-VNNI, for one)
+/// that runc passes through. So the target is named explicitly (which turns inference off)
+/// and only x86-64-v2 is enabled: SSE4.1 keeps `floor`, `ceil` and `nearest` native, and
+/// every x86-64 host and sandbox this runs on has it.
+#[cfg(feature = "compile")]
 pub fn engine() -> wasmtime::Result<Engine> {
-    Engine::new(&config())
+    let mut config = config();
+    config.target(&host_triple())?;
+    if cfg!(target_arch = "x86_64") {
+        for flag in ["has_sse3", "has_ssse3", "has_sse41", "has_sse42", "has_popcnt"] {
+            // SAFETY: these are Cranelift's own x86-64 feature flags, and wasmtime checks
+            // each one an artifact records against the loading CPU before it runs any code.
+            #[allow(unsafe_code)]
+            unsafe {
+                config.cranelift_flag_enable(flag);
+            }
+        }
+    }
+    Engine::new(&config)
+}
+
+/// The triple this crate was built for, as wasmtime parses it.
+#[cfg(feature = "compile")]
+fn host_triple() -> String {
+    let arch = std::env::consts::ARCH;
+    match std::env::consts::OS {
+        "linux" => format!("{arch}-unknown-linux-gnu"),
+        os => format!("{arch}-unknown-{os}"),
+    }
 }
 
 /// The worker's engine: [`config`] with a pool of two instance slots (the shape check's and a
