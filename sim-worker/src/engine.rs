@@ -64,7 +64,13 @@ pub fn engine() -> wasmtime::Result<Engine> {
     let mut config = config();
     config.target(&host_triple())?;
     if cfg!(target_arch = "x86_64") {
-        for flag in ["has_sse3", "has_ssse3", "has_sse41", "has_sse42", "has_popcnt"] {
+        for flag in [
+            "has_sse3",
+            "has_ssse3",
+            "has_sse41",
+            "has_sse42",
+            "has_popcnt",
+        ] {
             // SAFETY: these are Cranelift's own x86-64 feature flags, and wasmtime checks
             // each one an artifact records against the loading CPU before it runs any code.
             #[allow(unsafe_code)]

@@ -96,7 +96,9 @@ fn e2b_cells_keep_state_between_calls_and_start_fresh_after_a_deadline_a_project
         d.addr,
         &connect::call(
             "OpenSession",
-            &json!({ "protocol": connect::PROTOCOL, "idleTimeoutMs": 4000 }),
+            // Long enough that no gap between two calls on a loaded machine pauses the VM
+            // before the part of the test that waits for the pause.
+            &json!({ "protocol": connect::PROTOCOL, "idleTimeoutMs": 10000 }),
         ),
     );
     assert_eq!(resp.status, 200, "open: {resp}");
