@@ -6,7 +6,7 @@
 //!
 //! ```text
 //! PLIMSOLL_URL=http://127.0.0.1:8746 PLIMSOLL_TOKEN=... \
-//!     cargo run -p plimsoll --features client --example verify_record
+//!     cargo run --example verify_record   (from the workspace root)
 //! ```
 
 use std::process::ExitCode;
