@@ -1,10 +1,15 @@
 //! The relay's command lines: `plimsoll-relay <port> <socket>` (grants on OpenShell) and
-//! `plimsoll-relay cell <kernel dir> <work dir>` (a session's cell relay, [`crate::cell`]).
+//! `plimsoll-relay cell <kernel dir> <work dir>` (a session's cell relay, [`crate::cell`]) and
+//! `plimsoll-relay agent <guest uid>` (a docker session's agent, [`crate::agent`]).
 
 use std::path::PathBuf;
 
+use crate::agent::guard::MAX_GUEST_ID;
+
 /// The word that selects the cell relay.
 pub const CELL: &str = "cell";
+/// The word that selects the session agent.
+pub const AGENT: &str = "agent";
 
 /// Which relay the command line asks for.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -13,6 +18,8 @@ pub enum Mode {
     Grants(Args),
     /// The cell relay for one interpreter.
     Cell(CellArgs),
+    /// The session agent for the guest uid (gid the same), 1..=65532.
+    Agent(u32),
 }
 
 /// What the cell relay serves.
@@ -41,7 +48,7 @@ impl std::fmt::Display for UsageError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(
             f,
-            "{} (usage: plimsoll-relay <port> <socket> | plimsoll-relay cell <kernel dir> <work dir>)",
+            "{} (usage: plimsoll-relay <port> <socket> | plimsoll-relay cell <kernel dir> <work dir> | plimsoll-relay agent <guest uid>)",
             self.0
         )
     }
@@ -51,6 +58,9 @@ impl Mode {
     /// Reads the arguments after the program's name.
     pub fn parse(args: impl IntoIterator<Item = String>) -> Result<Mode, UsageError> {
         let args: Vec<String> = args.into_iter().collect();
+        if args.first().map(String::as_str) == Some(AGENT) {
+            return agent(&args);
+        }
         if args.first().map(String::as_str) != Some(CELL) {
             return Args::parse(args).map(Mode::Grants);
         }
@@ -70,6 +80,22 @@ impl Mode {
             work: work.clone(),
         }))
     }
+}
+
+/// `agent <guest uid>`: decimal, no sign or leading zero, 1..=65532 (uid+1 must fit).
+fn agent(args: &[String]) -> Result<Mode, UsageError> {
+    let [_, uid] = args else {
+        return Err(UsageError(format!(
+            "agent expects 1 argument, got {}",
+            args.len() - 1
+        )));
+    };
+    uid.parse::<u32>()
+        .ok()
+        .filter(|u| (1..=MAX_GUEST_ID).contains(u) && uid.bytes().all(|b| b.is_ascii_digit()))
+        .filter(|_| !uid.starts_with('0'))
+        .map(Mode::Agent)
+        .ok_or_else(|| UsageError(format!("guest uid {uid:?} is not in 1..{MAX_GUEST_ID}")))
 }
 
 impl Args {
@@ -142,6 +168,25 @@ mod tests {
         }
         let grants = ["20001", "/tmp/s"].map(str::to_owned);
         assert!(matches!(Mode::parse(grants), Ok(Mode::Grants(_))));
+    }
+
+    #[test]
+    fn agent_takes_one_guest_uid_in_range() {
+        let parse = |w: &[&str]| Mode::parse(w.iter().map(|s| (*s).to_owned()));
+        assert_eq!(parse(&["agent", "1000"]).unwrap(), Mode::Agent(1000));
+        assert_eq!(parse(&["agent", "65532"]).unwrap(), Mode::Agent(65532));
+        for bad in [
+            &["agent"][..],
+            &["agent", "0"],
+            &["agent", "65533"],
+            &["agent", "+5"],
+            &["agent", "05"],
+            &["agent", "-1"],
+            &["agent", " 5"],
+            &["agent", "5", "6"],
+        ] {
+            assert!(parse(bad).is_err(), "{bad:?}");
+        }
     }
 
     #[test]

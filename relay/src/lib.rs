@@ -24,11 +24,14 @@
 //! end) or when plimsolld cancels its exec, which kills it.
 //!
 //! The same binary is also a session's cell relay, `plimsoll-relay cell <kernel dir> <work
-//! dir>`: see [`cell`].
-#![forbid(unsafe_code)]
+//! dir>` (see [`cell`]), and a docker session's agent, `plimsoll-relay agent <guest uid>` (see
+//! [`agent`]; the only module allowed `unsafe`, for capget/capset).
+#![deny(unsafe_code)]
 
 pub mod protocol;
 
+#[cfg(feature = "binary")]
+pub mod agent;
 #[cfg(feature = "binary")]
 pub mod args;
 #[cfg(feature = "binary")]

@@ -1,5 +1,6 @@
-//! `plimsoll-relay <port> <socket>` and `plimsoll-relay cell <kernel dir> <work dir>`: see the
-//! crate docs. Thin over [`relay::serve`] and [`relay::cell::serve`].
+//! `plimsoll-relay <port> <socket>`, `plimsoll-relay cell <kernel dir> <work dir>` and
+//! `plimsoll-relay agent <guest uid>`: see the crate docs. Thin over [`relay::serve`],
+//! [`relay::cell::serve`] and [`relay::agent::serve`].
 
 use std::process::ExitCode;
 
@@ -20,6 +21,17 @@ fn main() -> ExitCode {
             return code(EXIT_USAGE);
         }
     };
+    // The session agent's first act, before it reads anything: the runner guard's work
+    // (uid+1 with only the set-id capabilities, non-dumpable), which LD_PRELOAD did for the
+    // Node agent. It runs on this one thread and never starts a runtime: its effective-id
+    // switches must hold for the whole process.
+    if let Mode::Agent(guest) = mode {
+        if let Err(e) = relay::agent::guard::guard(guest) {
+            eprintln!("plimsoll-relay agent: {e}");
+            return code(EXIT_UNGUARDED);
+        }
+        return code(relay::agent::serve(guest));
+    }
     // The cell relay's first act, before it opens or reads anything: no process of the same
     // uid (a session's code) may trace it or open its memory. The runner guard did this for
     // the Node relay through LD_PRELOAD, which a static binary ignores. (The grants relay
@@ -45,6 +57,8 @@ fn main() -> ExitCode {
     match mode {
         Mode::Grants(args) => grants(&runtime, args),
         Mode::Cell(args) => cell(&runtime, args),
+        // Served above, without a runtime.
+        Mode::Agent(_) => ExitCode::FAILURE,
     }
 }
 

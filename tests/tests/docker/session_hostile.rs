@@ -72,9 +72,10 @@ fn session_code_cannot_trace_or_write_any_kept_process() {
             ("init", 1),
             ("sleep", 1),
             ("node --expose-internals", 1),
-            // The two relays (static, non-dumpable by their own prctl) and the session agent.
+            // The two relays (static, non-dumpable by their own prctl) and the session agent
+            // (the same binary, uid+1 and non-dumpable by its own guard).
             ("/usr/local/bin/plimsoll-relay cell", 2),
-            ("node -e", 1),
+            ("/usr/local/bin/plimsoll-relay agent", 1),
         ],
         "a python cell",
     );
@@ -196,7 +197,7 @@ let agent = null;
 for (const p of fs.readdirSync('/proc')) {
   if (!/^[0-9]+$/.test(p)) continue;
   try {
-    if (fs.readFileSync(`/proc/${p}/cmdline`, 'latin1').includes("plimsoll's session agent")) agent = Number(p);
+    if (fs.readFileSync(`/proc/${p}/cmdline`, 'latin1').includes("plimsoll-relay\u0000agent\u0000")) agent = Number(p);
   } catch {}
 }
 const out = { found: agent !== null };
@@ -339,7 +340,7 @@ fn a_session_whose_agent_is_gone_ends_at_the_next_call() {
         .to_owned();
     // Root in a session container holds no CAP_KILL: the agent's own uid ends it. (The
     // pattern is split so that this shell's own command line does not match it.)
-    let find = r#"for p in /proc/[0-9]*; do case "$(tr '\0' ' ' <$p/cmdline 2>/dev/null)" in *"plimsoll's session"" agent"*) while read -r k v rest; do [ "$k" = Uid: ] && echo "${p#/proc/} $v"; done <$p/status;; esac; done"#;
+    let find = r#"for p in /proc/[0-9]*; do case "$(tr '\0' ' ' <$p/cmdline 2>/dev/null)" in *"plimsoll-relay"" agent "*) while read -r k v rest; do [ "$k" = Uid: ] && echo "${p#/proc/} $v"; done <$p/status;; esac; done"#;
     let (ok, out) = docker(&["exec", "-u", "0:0", &container, "sh", "-c", find]);
     let (pid, uid) = out
         .split_whitespace()

@@ -1,4 +1,5 @@
-// The process identity check plimsoll's in-guest scripts share (agent_hold.js, cell/end.js): each
+// The process identity check of plimsoll's in-guest scripts (cell/end.js; the session agent has
+// its own in the relay crate, agent::procs): each
 // is run with `node -e` with this file put before it at build time, so `same` is in its scope.
 //
 // Whether the process named by `m`, a match of /^([0-9]+):(-?[0-9]+):([0-9a-f]+)$/ against

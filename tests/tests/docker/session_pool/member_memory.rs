@@ -117,8 +117,8 @@ fn kind(cmdline: &str) -> String {
         } else {
             format!("runsc ({})", cmdline.split('\0').nth(1).unwrap_or(""))
         }
-    } else if cmdline.contains("plimsoll's session agent") {
-        "agent (node)".to_owned()
+    } else if cmdline.contains("plimsoll-relay\0agent\0") {
+        "agent (plimsoll-relay)".to_owned()
     } else if cmdline.contains("plimsoll-relay\0cell\0") {
         format!("relay {} (plimsoll-relay)", language())
     } else if cmdline.contains("plimsoll's cell relay") {

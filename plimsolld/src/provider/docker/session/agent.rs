@@ -1,12 +1,14 @@
 //! The session agent (providers.md §9.4): one kept process per session container that runs
 //! the sweep in-container, so a call's boundary costs no `docker exec` and no interpreter start.
 //!
-//! It is started once, right after the baseline, by one `docker exec` as root whose stdin and
-//! stdout the daemon holds for the session's life. The runner guard moves it to uid+1 (keeping
-//! only `CAP_SETUID`/`CAP_SETGID`) and makes it non-dumpable before node runs: no guest process
-//! can signal it, trace it, or open its `/proc` entries and so its pipes. Only the daemon writes
-//! its stdin and only the agent writes its stdout, so an answer needs no key; a stream that
-//! ends, a line that does not parse or an answer that is late ends the session, never a retry.
+//! It is `plimsoll-relay agent <guest uid>` (the relay crate's `agent` module), started once,
+//! right after the baseline, by one `docker exec` as root whose stdin and stdout the daemon
+//! holds for the session's life. Its first act moves it to uid+1 (keeping only
+//! `CAP_SETUID`/`CAP_SETGID`) and makes it non-dumpable, before it reads anything: no guest
+//! process can signal it, trace it, or open its `/proc` entries and so its pipes. Only the
+//! daemon writes its stdin and only the agent writes its stdout, so an answer needs no key; a
+//! stream that ends, a line that does not parse or an answer that is late ends the session,
+//! never a retry.
 
 use std::time::Duration;
 
@@ -16,21 +18,13 @@ use tokio::time::Instant;
 
 use super::super::engine::Engine;
 use super::super::exec::{self, Attached};
-use crate::provider::guest::outcome::GUARD;
+use crate::provider::guest::cell::RELAY_BINARY;
 use base64::Engine as _;
 
-/// The agent program, run with `node -e` under the guard: the sweep, then project calls.
-const AGENT: &str = concat!(
-    include_str!("agent.js"),
-    include_str!("../../guest/same.js"),
-    include_str!("agent_hold.js"),
-    include_str!("agent_project.js"),
-    include_str!("agent_snippet.js"),
-);
-/// The user the agent's exec starts as; the guard moves it to uid+1 before node runs.
+/// The relay binary's mode that is the agent (the project image carries the binary).
+const AGENT_MODE: &str = "agent";
+/// The user the agent's exec starts as; the agent moves itself to uid+1 before it reads.
 const ROOT: &str = "0:0";
-/// The guard's variable naming the guest identity the agent moves away from.
-const ENV_GUEST_ID: &str = "PLIMSOLL_GUEST_ID";
 /// Agent stderr kept for the log.
 const STDERR_CAP: usize = 4096;
 /// The longest answer line: a project call's runner output, base64, with its frame.
@@ -185,17 +179,14 @@ impl Agent {
         container: &str,
         uid: u32,
     ) -> Result<Agent, AgentError> {
-        let env = [
-            format!("{ENV_GUEST_ID}={uid}:{uid}"),
-            format!("LD_PRELOAD={GUARD}"),
-        ];
+        // No variable of its own: the binary is static (a preload would be ignored) and reads
+        // only its argument; its children get environments it builds.
         let command = [
-            "node".to_owned(),
-            "-e".to_owned(),
-            AGENT.to_owned(),
+            RELAY_BINARY.to_owned(),
+            AGENT_MODE.to_owned(),
             uid.to_string(),
         ];
-        let argv = exec::env_argv(&env, &command);
+        let argv = exec::env_argv(&[], &command);
         let attached =
             exec::attach(engine, container, &argv, ROOT, Some(AGENT_DIR), STDERR_CAP).await?;
         let mut agent = Agent {
@@ -214,8 +205,8 @@ impl Agent {
     }
 
     /// The proof, made once before any guest code runs, that a step started as the guest
-    /// cannot open the agent's `/proc` entries nor hold a capability (agent_project.js's
-    /// `probe`); project calls reuse its verdict while the agent's credentials and
+    /// cannot open the agent's `/proc` entries nor hold a capability (the relay's
+    /// `agent::probe`); project calls reuse its verdict while the agent's credentials and
     /// dumpability are those it was made in, and make it again otherwise. A probe that could
     /// not run is made again by the first project call, which reports it if it fails again.
     async fn prove(&mut self, deadline: Instant) -> Result<(), AgentError> {
@@ -235,7 +226,7 @@ impl Agent {
         &self.id
     }
 
-    /// One sweep (see agent.js): answers its exit code, sweep.js's.
+    /// One sweep (the relay's `agent::sweep`): answers its exit code, sweep.js's.
     pub(super) async fn sweep(
         &mut self,
         disk_bytes: u64,
