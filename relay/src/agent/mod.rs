@@ -25,6 +25,20 @@
 //! It replaces a Node program (agent.js and its parts) that spoke the same lines at several
 //! times its memory. It is single-threaded: its effective-id switches (kills and file work
 //! as the guest) hold for the whole process while nothing else runs.
+//!
+//! Deliberate differences from the Node agent, none visible to plimsolld:
+//! - steps and snippets lead their own process group (`setpgid`), not their own session
+//!   (node's `detached` was `setsid`); kills go to the group either way;
+//! - a child's environment reaches it sorted by name (std's `Command`), not in insertion order;
+//! - base64 that does not decode, in `input` or `code`, ends the agent (exit 3) where node's
+//!   decoder skipped the bad characters;
+//! - the probe that outlives its 10 s is killed with SIGKILL as the guest (node's SIGTERM was
+//!   sent as the agent and refused), the verdict being "probe failed" either way;
+//! - error texts that quoted node's own messages (a plan that is not JSON, an I/O error while
+//!   reading an artifact) carry Rust's wording instead;
+//! - a project's printed output is cut one byte past plimsolld's `STDOUT_CAP` and a snippet
+//!   stream at 8 MiB, so no answer line exceeds agent.rs's `MAX_LINE` (the JS had no bound);
+//! - a command kept in a report is cut at 16 Ki UTF-16 units without splitting a surrogate pair.
 
 pub mod child;
 pub mod env;
