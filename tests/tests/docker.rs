@@ -204,6 +204,8 @@ mod session_hostile;
 mod session_pool;
 #[path = "docker/session_project.rs"]
 mod session_project;
+#[path = "docker/session_spare.rs"]
+mod session_spare;
 #[path = "docker/software.rs"]
 mod software;
 #[path = "docker/toolchain.rs"]

@@ -33,6 +33,8 @@
 #include <unistd.h>
 
 #define GUARD_FAILED 125
+/* Where the project image installs this library. */
+#define GUARD_PATH "/usr/local/lib/plimsoll-runner-guard.so"
 /* The guest uid and gid bounds of providers.md §5.2 (uid+1 must also fit). */
 #define MAX_GUEST_ID 65532UL
 
@@ -140,6 +142,13 @@ __attribute__((constructor)) static void plimsoll_runner_guard(void)
         }
     }
     if (prctl(PR_SET_DUMPABLE, 0, 0, 0, 0) != 0 || prctl(PR_GET_DUMPABLE, 0, 0, 0, 0) != 0) {
+        _exit(GUARD_FAILED);
+    }
+    /* The preload is for this process alone: the program never sees it in its environment,
+     * so what it starts (a step, a cell's subprocess, a snippet's children) does not inherit
+     * it. The loader has already read it. */
+    const char *preload = getenv("LD_PRELOAD");
+    if (preload != NULL && strcmp(preload, GUARD_PATH) == 0 && unsetenv("LD_PRELOAD") != 0) {
         _exit(GUARD_FAILED);
     }
 }

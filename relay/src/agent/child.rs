@@ -74,14 +74,25 @@ fn file(fd: impl Into<OwnedFd>) -> File {
 /// not start. `input` is written to its stdin, which is then closed.
 pub fn run(command: &mut Command, input: Option<&[u8]>, watch: &Watch) -> io::Result<Ran> {
     let mut child = command.spawn()?;
+    let stdin = child.stdin.take().map(file);
+    watch_child(child, stdin, input.unwrap_or_default(), watch)
+}
+
+/// Watches a started child to its end: `input` is written to `stdin` (the child's standard
+/// input, whatever kind of file it is), which is then closed.
+pub fn watch_child(
+    mut child: Child,
+    stdin: Option<File>,
+    input: &[u8],
+    watch: &Watch,
+) -> io::Result<Ran> {
     let mut out = child.stdout.take().map(file);
     let mut err = child.stderr.take().map(file);
-    let mut stdin = child.stdin.take().map(file);
+    let mut stdin = stdin;
     if let Some(pipe) = &stdin {
         // A child that does not read must not block the agent.
         let _ = fcntl(pipe, FcntlArg::F_SETFL(OFlag::O_NONBLOCK));
     }
-    let input = input.unwrap_or_default();
     let mut written = 0usize;
     if input.is_empty() {
         stdin = None;

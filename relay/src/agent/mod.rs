@@ -15,9 +15,12 @@
 //! {"op":"prove"}                                           -> {"op":"prove","ok":b}
 //! {"op":"project","input":b64,"hold":[id,…]}               -> {"op":"project","held":false}
 //!                                     | {"op":"project","held":true,"still":b,"stdout":b64}
-//! {"op":"snippet","code":b64,"env":["N=v",…],"timeoutMs":n,"cap":n}
+//! {"op":"snippet","code":b64,"env":["N=v",…],"timeoutMs":n,"cap":n[,"spare":"ahead"|"idle"]}
 //!   -> {"op":"snippet","stdout","stderr","exit","timedOut","stdoutTruncated","stderrTruncated"}
 //! ```
+//!
+//! `spare` asks for the next snippet's node to be started ahead ([`snippet::Spare`]): as soon
+//! as this one's runs (`ahead`), or once no request has come for 50 ms (`idle`).
 //!
 //! See [`sweep`], [`hold`], [`probe`], [`project`] and [`snippet`]. A request it cannot read
 //! ends it with exit 3 (plimsolld then ends the session); the end of stdin with 0.
@@ -39,6 +42,10 @@
 //! - a project's printed output is cut one byte past plimsolld's `STDOUT_CAP` and a snippet
 //!   stream at 8 MiB, so no answer line exceeds agent.rs's `MAX_LINE` (the JS had no bound);
 //! - a command kept in a report is cut at 16 Ki UTF-16 units without splitting a surrogate pair.
+//!
+//! Added since (plimsolld asks for them): a snippet's node runs under the runner guard
+//! (non-dumpable) with its code on a socket, and the next snippet's node can be started ahead
+//! ([`snippet::Spare`]).
 
 pub mod child;
 pub mod env;
@@ -54,12 +61,16 @@ pub mod sweep;
 
 use std::collections::HashSet;
 use std::io::{self, BufRead, Write};
+use std::os::fd::AsFd;
 
 use base64::Engine as _;
+use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
 use nix::unistd::Uid;
 use serde::Serialize;
 use serde_json::Value;
 
+/// How long no request must come before an idle spare is started.
+const IDLE_BEFORE_SPARE_MS: u16 = 50;
 /// A request it cannot read, or an answer it cannot write.
 pub const EXIT_UNREAD: i32 = 3;
 /// The guest uid is not one it can serve (the JS agent's check).
@@ -136,6 +147,11 @@ struct Agent {
     guest: u32,
     spared: HashSet<u32>,
     proven: Option<probe::Proof>,
+    /// The next snippet's node, started ahead ([`snippet::Spare`]).
+    spare: Option<snippet::Spare>,
+    /// The environment of a spare to start once no request has come for [`IDLE_BEFORE_SPARE_MS`]
+    /// (the last snippet asked for `"spare":"idle"`).
+    idle_spare: Option<Vec<(String, String)>>,
 }
 
 /// Serves stdin to its end; the process's exit status. The guard has run.
@@ -147,6 +163,8 @@ pub fn serve(guest: u32) -> i32 {
         guest,
         spared: sweep::spared(),
         proven: None,
+        spare: None,
+        idle_spare: None,
     };
     let me = std::process::id().to_string();
     let id = match procs::stat_fields(&me).and_then(|f| procs::identity(&me, &f)) {
@@ -164,11 +182,18 @@ pub fn serve(guest: u32) -> i32 {
     if answer(&ready).is_err() {
         return EXIT_UNREAD;
     }
-    let stdin = io::stdin();
-    let mut input = stdin.lock();
+    // Its own reader over a duplicate of fd 0, so it can tell whether a request is already
+    // read ahead before it waits for one.
+    let Ok(fd) = io::stdin().as_fd().try_clone_to_owned() else {
+        return EXIT_UNREAD;
+    };
+    let mut input = io::BufReader::new(std::fs::File::from(fd));
     let mut line = Vec::new();
     loop {
         line.clear();
+        if input.buffer().is_empty() {
+            agent.when_idle(input.get_ref());
+        }
         match input.read_until(b'\n', &mut line) {
             // A last line without its newline is not a request (as in the JS).
             Ok(_) if line.last() != Some(&b'\n') => return 0,
@@ -228,6 +253,25 @@ fn decode(value: Option<&Value>, name: &str) -> Result<Vec<u8>, AgentError> {
 }
 
 impl Agent {
+    /// Before waiting for the next request: when an idle spare is wanted and none is waiting,
+    /// it is started if no request comes within [`IDLE_BEFORE_SPARE_MS`], so its start never
+    /// competes with a call sent right after the last one.
+    fn when_idle(&mut self, input: &std::fs::File) {
+        let Some(env) = self.idle_spare.as_ref() else {
+            return;
+        };
+        if self.spare.is_some() {
+            return;
+        }
+        let mut fds = [PollFd::new(input.as_fd(), PollFlags::POLLIN)];
+        if matches!(
+            poll(&mut fds, PollTimeout::from(IDLE_BEFORE_SPARE_MS)),
+            Ok(0)
+        ) {
+            self.spare = snippet::Spare::start(self.guest, env.clone());
+        }
+    }
+
     fn request(&mut self, line: &[u8]) -> Result<(), AgentError> {
         let request: Value = serde_json::from_slice(line).map_err(|e| bad(&e.to_string()))?;
         let op = request.get("op").and_then(Value::as_str).unwrap_or("");
@@ -245,8 +289,19 @@ impl Agent {
         let keep: HashSet<String> = string_list(request, "keep")?.into_iter().collect();
         let disk = disk_budget(request.get("disk"))?;
         let mounts = string_list(request, "mounts")?;
-        let exit = sweep::sweep(self.guest, &self.spared, &keep, disk, &mounts)?;
-        Ok(answer(&Swept { op: "sweep", exit })?)
+        let mut spared = self.spared.clone();
+        spared.extend(self.spare.as_ref().map(snippet::Spare::pid));
+        let exit = sweep::sweep(self.guest, &spared, &keep, disk, &mounts);
+        if !matches!(exit, Ok(sweep::EXIT_CLEAN)) {
+            self.idle_spare = None;
+            if let Some(spare) = self.spare.take() {
+                spare.end(self.guest);
+            }
+        }
+        Ok(answer(&Swept {
+            op: "sweep",
+            exit: exit?,
+        })?)
     }
 
     fn hold(&mut self, request: &Value) -> Result<(), AgentError> {
@@ -319,13 +374,26 @@ impl Agent {
             None | Some(Value::String(_)) => Vec::new(),
             Some(_) => return Err(bad("env is not a list")),
         };
-        let code = decode(request.get("code"), "code")?;
+        let code = match decode(request.get("code"), "code") {
+            Ok(code) => code,
+            Err(e) => {
+                if let Some(spare) = self.spare.take() {
+                    spare.end(self.guest);
+                }
+                return Err(e);
+            }
+        };
+        let mode = request.get("spare").and_then(Value::as_str);
+        let env = snippet::environment(self.guest, &pairs);
+        self.idle_spare = (mode == Some("idle")).then(|| env.clone());
         let ran = snippet::snippet(
             self.guest,
             &code,
-            &pairs,
+            env,
             request.get("timeoutMs"),
             request.get("cap"),
+            &mut self.spare,
+            mode == Some("ahead"),
         );
         let b64 = base64::engine::general_purpose::STANDARD;
         Ok(answer(&Snipped {
@@ -393,6 +461,8 @@ mod tests {
             guest: 1,
             spared: HashSet::new(),
             proven: None,
+            spare: None,
+            idle_spare: None,
         };
         for line in [
             &b""[..],

@@ -2,17 +2,43 @@
 //! stdin, the base environment plus the request's. Each stream keeps `cap` bytes and drops
 //! the rest; at the deadline the snippet's whole process group is killed and the exit is 124.
 //! The snippet changes into /work itself, as the guest (a guest may have made /work 0700).
+//!
+//! A snippet's node starts under the runner guard (non-dumpable, the preload gone from its
+//! environment before node reads it), and its stdin is one end of a socket pair rather than
+//! a pipe: /proc/<pid>/fd/0 of a socket cannot be opened, under runc or gVisor, so nothing
+//! but the agent can write to what node will run.
+//!
+//! The spare: when plimsolld asks for one (an ungranted call), the agent starts the next
+//! snippet's node with the same environment, as soon as this one's is running (`ahead`) or
+//! once no request has come for a moment (`idle`, [`super::Agent`]), so the next snippet
+//! finds node already started and only sends its code. A spare runs nothing until
+//! the agent closes its stdin. It is used by the next snippet, when that one has the same
+//! environment, and only if nothing observable was done to it while it waited
+//! ([`Spare::untouched`]); otherwise that snippet ends it and starts its own node. Project
+//! calls and holds in between leave it waiting (it runs no code, so it cannot use a grant
+//! lent meanwhile); a sweep that cannot prove the boundary ends it.
 
+use std::fs::File;
+use std::io::{self, Write};
+use std::net::Shutdown;
+use std::os::fd::{AsFd, OwnedFd};
+use std::os::unix::net::UnixStream;
 use std::os::unix::process::CommandExt;
-use std::process::{Command, Stdio};
+use std::process::{Child, Command, Stdio};
 use std::time::Instant;
 
+use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
+use nix::sys::signal::Signal;
 use serde_json::Value;
 
 use super::child::{self, Cap, Ran, Watch};
 use super::env::{self, Env};
+use super::procs;
 
-const SNIPPET_SCRIPT: &str = "cd /work || exit 127\nexec \"$@\"";
+/// Enters /work as the guest, preloads the runner guard for node alone, then becomes node.
+const SNIPPET_SCRIPT: &str = "cd /work || exit 127\nexport LD_PRELOAD=\"$0\"\nexec \"$@\"";
+/// The project image's runner guard (images/project/guard).
+const GUARD: &str = "/usr/local/lib/plimsoll-runner-guard.so";
 const EXIT_TIMED_OUT: i32 = 124;
 const EXIT_NOT_STARTED: i32 = 127;
 /// The most a stream keeps, whatever the request asks. Deliberate (the JS had no bound): two
@@ -30,14 +56,9 @@ fn whole(value: Option<&Value>) -> f64 {
     }
 }
 
-/// Runs one snippet; the request's env pairs are `NAME=value` (a name must not be empty).
-pub fn snippet(
-    guest: u32,
-    code: &[u8],
-    pairs: &[String],
-    timeout_ms: Option<&Value>,
-    cap: Option<&Value>,
-) -> Ran {
+/// A snippet's environment: the base plus the request's `NAME=value` pairs (a name must not
+/// be empty), as the strings the child gets.
+pub fn environment(guest: u32, pairs: &[String]) -> Vec<(String, String)> {
     let mut env = Env::base(guest);
     for pair in pairs {
         if let Some((name, value)) = pair.split_once('=')
@@ -46,29 +67,187 @@ pub fn snippet(
             env.set(name, Value::from(value));
         }
     }
-    // Bounded above by SNIPPET_CAP_MAX: the cast is exact.
-    #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
-    let cap = whole(cap).min(SNIPPET_CAP_MAX as f64) as usize;
+    env.strings()
+}
+
+/// A started snippet node waiting for its code: the child and the agent's end of its stdin.
+struct Started {
+    child: Child,
+    stdin: File,
+}
+
+/// Starts `node -` as the guest in /work, stdin a socket, stdout and stderr pipes.
+fn start(guest: u32, env: &[(String, String)]) -> io::Result<Started> {
+    // Both ends close on exec; the child's is duplicated onto its fd 0.
+    let (ours, theirs) = UnixStream::pair()?;
+    // The child reads only: its end cannot write back to the agent.
+    theirs.shutdown(Shutdown::Write)?;
     let mut cmd = Command::new("sh");
-    cmd.args(["-c", SNIPPET_SCRIPT, "sh", "node", "-"])
+    cmd.args(["-c", SNIPPET_SCRIPT, GUARD, "node", "-"])
         .env_clear()
-        .envs(env.strings())
+        .envs(env.iter().map(|(n, v)| (n, v)))
         .current_dir("/")
-        .stdin(Stdio::piped())
+        .stdin(Stdio::from(OwnedFd::from(theirs)))
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .uid(guest)
         .gid(guest)
         .process_group(0);
+    let child = cmd.spawn()?;
+    Ok(Started {
+        child,
+        stdin: File::from(OwnedFd::from(ours)),
+    })
+}
+
+/// The next snippet's node, started ahead.
+pub struct Spare {
+    started: Started,
+    env: Vec<(String, String)>,
+}
+
+impl Spare {
+    /// A spare for a snippet with this environment, or none when node cannot start.
+    pub fn start(guest: u32, env: Vec<(String, String)>) -> Option<Spare> {
+        let started = start(guest, &env).ok()?;
+        Some(Spare { started, env })
+    }
+
+    /// The child's pid, which the sweep spares (it cannot be reused while unreaped).
+    pub fn pid(&self) -> u32 {
+        self.started.child.id()
+    }
+
+    /// Kills its group as the guest and reaps it.
+    pub fn end(mut self, guest: u32) {
+        if let Ok(pid) = i32::try_from(self.started.child.id()) {
+            // Already gone: nothing to kill.
+            let _ = procs::signal_as_guest(guest, -pid, Signal::SIGKILL);
+        }
+        let _ = self.started.child.wait();
+    }
+
+    /// Whether the spare can serve a snippet with `env`: it is alive, it printed nothing,
+    /// and its limits, scheduling and CPUs are still the ones it inherited from the agent.
+    /// A process of the guest that ran while it waited could have stopped it (it is sent
+    /// SIGCONT) or changed those; anything else of it (its memory, its stdin) the guest
+    /// cannot reach. A spare that fails is ended and the snippet starts its own node.
+    fn untouched(&mut self, guest: u32, env: &[(String, String)]) -> bool {
+        if self.env != env || !matches!(self.started.child.try_wait(), Ok(None)) {
+            return false;
+        }
+        let printed = [
+            self.started.child.stdout.as_ref().map(AsFd::as_fd),
+            self.started.child.stderr.as_ref().map(AsFd::as_fd),
+        ];
+        let mut fds: Vec<PollFd> = printed
+            .into_iter()
+            .flatten()
+            .map(|fd| PollFd::new(fd, PollFlags::POLLIN))
+            .collect();
+        if fds.len() != 2 {
+            return false;
+        }
+        match poll(&mut fds, PollTimeout::ZERO) {
+            Ok(0) => {}
+            _ => return false,
+        }
+        let Ok(pid) = i32::try_from(self.started.child.id()) else {
+            return false;
+        };
+        if procs::signal_as_guest(guest, pid, Signal::SIGCONT).is_err() {
+            return false;
+        }
+        same_as_agent(&pid.to_string())
+    }
+
+    fn into_started(self) -> Started {
+        self.started
+    }
+}
+
+/// Whether `pid`'s resource limits, OOM score adjustment, nice value, scheduling policy and
+/// allowed CPUs equal the agent's own (what every child of the agent starts with), as far as
+/// `/proc` shows them.
+fn same_as_agent(pid: &str) -> bool {
+    let read = |who: &str, what: &str| std::fs::read(format!("/proc/{who}/{what}")).ok();
+    let sched = |who: &str| {
+        procs::stat_fields(who).ok().map(|f| {
+            // stat(5) fields 19 (nice) and 41 (policy); the state is field 3, index 0 here.
+            (f.get(16).cloned(), f.get(38).cloned())
+        })
+    };
+    let cpus = |who: &str| {
+        read(who, "status").map(|s| {
+            String::from_utf8_lossy(&s)
+                .lines()
+                .find(|l| l.starts_with("Cpus_allowed_list:"))
+                .map(str::to_owned)
+        })
+    };
+    // gVisor has no `limits` file and no `Cpus_allowed_list` line: absent on both sides
+    // compares equal there (what it cannot show is not compared).
+    read(pid, "limits") == read("self", "limits")
+        && read(pid, "oom_score_adj") == read("self", "oom_score_adj")
+        && sched(pid).is_some()
+        && sched(pid) == sched("self")
+        && cpus(pid) == cpus("self")
+}
+
+/// Runs one snippet with the environment `env` ([`environment`]), on `spare` when it can
+/// serve it (else `spare` is ended); when `keep_spare`, the next snippet's spare is started
+/// as soon as this one's node runs.
+pub fn snippet(
+    guest: u32,
+    code: &[u8],
+    env: Vec<(String, String)>,
+    timeout_ms: Option<&Value>,
+    cap: Option<&Value>,
+    spare: &mut Option<Spare>,
+    keep_spare: bool,
+) -> Ran {
+    let began = Instant::now();
+    // Bounded above by SNIPPET_CAP_MAX: the cast is exact.
+    #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
+    let cap = whole(cap).min(SNIPPET_CAP_MAX as f64) as usize;
+    let ready = match spare.take() {
+        Some(mut s) => {
+            if s.untouched(guest, &env) {
+                Some(s.into_started())
+            } else {
+                s.end(guest);
+                None
+            }
+        }
+        None => None,
+    };
+    let started = match ready {
+        Some(started) => Ok(started),
+        None => start(guest, &env),
+    };
+    let Ok(mut started) = started else {
+        return Ran {
+            exit: EXIT_NOT_STARTED,
+            ..Ran::default()
+        };
+    };
+    // Most code fits the socket's buffer: node can start on it before the spare is made.
+    let sent = send_some(&mut started.stdin, code);
+    if keep_spare {
+        *spare = Spare::start(guest, env);
+    }
     let watch = Watch {
         guest,
-        deadline: child::after(Instant::now(), whole(timeout_ms)),
+        deadline: child::after(began, whole(timeout_ms)),
         cap: Cap::Each(cap),
         group: true,
         kill_on_exit: false,
         grace: child::PIPE_GRACE,
     };
-    match child::run(&mut cmd, Some(code), &watch) {
+    let rest = code.get(sent..).unwrap_or_default();
+    // Nothing left to write: the agent's end closes now, which is node's end of input.
+    let stdin = (!rest.is_empty()).then_some(started.stdin);
+    match child::watch_child(started.child, stdin, rest, &watch) {
         Ok(mut ran) => {
             if ran.timed_out {
                 ran.exit = EXIT_TIMED_OUT;
@@ -79,5 +258,53 @@ pub fn snippet(
             exit: EXIT_NOT_STARTED,
             ..Ran::default()
         },
+    }
+}
+
+/// Writes what the socket takes now, without blocking; the count written.
+fn send_some(stdin: &mut File, code: &[u8]) -> usize {
+    use nix::fcntl::{FcntlArg, OFlag, fcntl};
+    if fcntl(&*stdin, FcntlArg::F_SETFL(OFlag::O_NONBLOCK)).is_err() {
+        return 0;
+    }
+    let mut sent = 0;
+    while sent < code.len() {
+        match stdin.write(code.get(sent..).unwrap_or_default()) {
+            Ok(0) => break,
+            Ok(n) => sent += n,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(_) => break,
+        }
+    }
+    sent
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_snippets_environment_is_the_base_plus_its_pairs() {
+        let env = environment(
+            1,
+            &[
+                "A=1".to_owned(),
+                "=skipped".to_owned(),
+                "no-equals".to_owned(),
+                "PATH=/x".to_owned(),
+                "A=2=3".to_owned(),
+            ],
+        );
+        let names: Vec<&str> = env.iter().map(|(n, _)| n.as_str()).collect();
+        assert_eq!(names, ["PATH", "HOME", "HOSTNAME", "A"]);
+        assert_eq!(env[0].1, "/x");
+        assert_eq!(env[3].1, "2=3");
+    }
+
+    #[test]
+    fn a_process_compares_equal_to_itself_and_a_missing_one_does_not() {
+        assert!(same_as_agent(&std::process::id().to_string()));
+        assert!(!same_as_agent("0"));
     }
 }

@@ -23,6 +23,24 @@ use base64::Engine as _;
 
 /// The relay binary's mode that is the agent (the project image carries the binary).
 const AGENT_MODE: &str = "agent";
+
+/// When the agent starts the next snippet's node.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum SpareStart {
+    /// As soon as this snippet's node runs.
+    Ahead,
+    /// Once no request has come for a moment after this call.
+    Idle,
+}
+
+impl SpareStart {
+    fn as_str(self) -> &'static str {
+        match self {
+            SpareStart::Ahead => "ahead",
+            SpareStart::Idle => "idle",
+        }
+    }
+}
 /// The user the agent's exec starts as; the agent moves itself to uid+1 before it reads.
 const ROOT: &str = "0:0";
 /// Agent stderr kept for the log.
@@ -276,13 +294,16 @@ impl Agent {
     }
 
     /// One snippet: `node -` as the guest with `code` on its stdin, the start script's
-    /// environment plus `env`, killed at `timeout`, each stream kept up to `cap` bytes.
+    /// environment plus `env`, killed at `timeout`, each stream kept up to `cap` bytes. With
+    /// `spare`, the agent starts the next snippet's node ahead, with this environment (the
+    /// relay crate's `agent::snippet::Spare`).
     pub(super) async fn snippet(
         &mut self,
         code: &[u8],
         env: &[String],
         timeout: Duration,
         cap: usize,
+        spare: Option<SpareStart>,
         deadline: Instant,
     ) -> Result<SnippetOutput, AgentError> {
         let b64 = base64::engine::general_purpose::STANDARD;
@@ -292,6 +313,7 @@ impl Agent {
             "env": env,
             "timeoutMs": u64::try_from(timeout.as_millis()).unwrap_or(u64::MAX),
             "cap": cap,
+            "spare": spare.map(SpareStart::as_str),
         });
         self.send(&request, deadline).await?;
         let answer: Snipped = self.answer(deadline).await?;

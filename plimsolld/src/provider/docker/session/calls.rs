@@ -11,7 +11,7 @@ use super::super::DockerError;
 use super::super::container::Finished;
 use super::super::project;
 use super::super::settings::OUTPUT_CAP;
-use super::agent::Projection;
+use super::agent::{Projection, SpareStart};
 use super::container::end_for;
 use super::{DockerSession, HOLD_BUDGET};
 use crate::grant::GuestGrant;
@@ -27,9 +27,11 @@ const PROC_CHECKS_RUNC: &[&str] = &["fd/0", "fd/1", "mem", "environ"];
 const PROC_CHECKS_RUNSC: &[&str] = &["fd/0", "fd/1", "mem"];
 
 impl DockerSession {
-    /// A snippet: `node -` as the guest, started by the agent with the code on its stdin. A
-    /// granted call gets the socket's path and the client library ahead of its code, as a
-    /// one-shot snippet does. An agent that does not answer ends the session.
+    /// A snippet: `node -` as the guest, started by the agent with the code on its stdin (or
+    /// the node the agent started ahead during the previous ungranted snippet, when nothing
+    /// was done to it meanwhile). A granted call gets the socket's path and the client
+    /// library ahead of its code, as a one-shot snippet does, and never a node started ahead.
+    /// An agent that does not answer ends the session.
     pub(super) async fn run_snippet(
         &mut self,
         code: String,
@@ -39,6 +41,15 @@ impl DockerSession {
         let (code, grant_env) = super::super::granted_snippet(code, grant);
         let mut env = self.image.env.clone();
         env.extend(grant_env);
+        // A granted call's node is never started ahead: its grant is this call's. Under
+        // gVisor a node's start is slow and CPU-bound, and two starting side by side on a
+        // small machine slow each other (and the calls after): there the next one starts only
+        // once the session is idle.
+        let spare = match grant {
+            Some(_) => None,
+            None if self.settings.runtime.is_runsc() => Some(SpareStart::Idle),
+            None => Some(SpareStart::Ahead),
+        };
         let began = Instant::now();
         let Some(agent) = self.agent.get_mut().ok().and_then(Option::as_mut) else {
             return Err(self.agent_lost("the session's agent is gone").await);
@@ -49,6 +60,7 @@ impl DockerSession {
                 &env,
                 timeout,
                 OUTPUT_CAP,
+                spare,
                 began + timeout + REPORT_GRACE,
             )
             .await;

@@ -1,0 +1,142 @@
+//! The node a session's agent starts ahead for the next snippet (issue 15 item 2): the next
+//! ungranted snippet runs on it, it is a fresh process that carries nothing of earlier calls,
+//! no guest process can write what it will run or read its memory, and one that was tampered
+//! with is never used. Under runc it starts while a snippet runs, under runsc once the session
+//! is idle; both are in place after a pause, when a project call's step looks for it.
+
+use super::session::{close_as, open, session_run_as, sessions};
+use super::*;
+
+/// A project step's program: waits (up to 4 s) for a `node -` of the guest, the next
+/// snippet's node; prints its pid and, with an argument, what each attempt on it came to.
+const FIND_AND_ATTACK: &str = r#"
+const fs = require('fs'), cp = require('child_process');
+const node = (p) => { try { return fs.readFileSync(`/proc/${p}/cmdline`, 'latin1') === 'node\u0000-\u0000'; } catch { return false; } };
+let spare = 0;
+for (let i = 0; i < 200 && !spare; i++) {
+  spare = Number(fs.readdirSync('/proc').find((p) => /^[0-9]+$/.test(p) && node(p)) || 0);
+  if (!spare) cp.execSync('sleep 0.02');
+}
+const r = { spare };
+const attempt = (name, f) => { try { f(); r[name] = 'done'; } catch (e) { r[name] = e.code || String(e); } };
+if (spare) {
+  attempt('stdin', () => fs.writeFileSync(`/proc/${spare}/fd/0`, 'console.log("INJECTED-STDIN")\n'));
+  attempt('mem', () => fs.closeSync(fs.openSync(`/proc/${spare}/mem`, 'r+')));
+}
+if (spare && process.argv[2] === 'attack') {
+  attempt('stdout', () => fs.writeFileSync(`/proc/${spare}/fd/1`, 'INJECTED-STDOUT\n'));
+  attempt('nice', () => require('os').setPriority(spare, 19));
+  attempt('stop', () => process.kill(spare, 'SIGSTOP'));
+}
+console.log(JSON.stringify(r));
+"#;
+
+/// What the next snippet says of itself: its pid, a global of the earlier call, the guard's
+/// preload in its environment, and whether a process it starts can open its memory.
+const WHO_AM_I: &str = r#"
+const r = require('child_process').spawnSync('sh', ['-c', `true < /proc/${process.pid}/mem`]);
+console.log(JSON.stringify({ pid: process.pid, leak: typeof globalThis.leak, preload: process.env.LD_PRELOAD || null, memOpened: r.status === 0 }));
+"#;
+
+fn snippet_json(d: &Daemon, id: &str, code: &str) -> Value {
+    let resp = session_run_as(d, None, id, json!({ "javascript": { "code": code } }));
+    assert_eq!(resp.status, 200, "{resp}");
+    let run = &resp.json()["run"]["javascript"];
+    assert_eq!(run["exitCode"].as_i64().unwrap_or(0), 0, "{run}");
+    let out = field(run, "stdout");
+    serde_json::from_str(out.trim()).unwrap_or_else(|e| panic!("one JSON line ({e}): {run}"))
+}
+
+/// A snippet, a pause, then a project step that finds the next snippet's node (and with
+/// `attack`, tampers with it): the step's report. Neither what node will run (a socket) nor
+/// its memory (non-dumpable) can be reached, with or without Yama.
+fn snippet_then_find(d: &Daemon, id: &str, attack: bool) -> Value {
+    let first = snippet_json(d, id, "globalThis.leak = 'A'; console.log('{}')");
+    assert_eq!(first, json!({}));
+    std::thread::sleep(Duration::from_millis(400));
+    let step = if attack {
+        "node .spare/find.js attack"
+    } else {
+        "node .spare/find.js"
+    };
+    let project = session_run_as(
+        d,
+        None,
+        id,
+        json!({ "project": {
+            "files": [{ "path": ".spare/find.js", "content": FIND_AND_ATTACK }],
+            "steps": [step],
+        }}),
+    );
+    assert_eq!(project.status, 200, "{project}");
+    let report = &project.json()["run"]["project"];
+    let out = field(&report["steps"][0], "stdout");
+    let seen: Value = serde_json::from_str(out.trim())
+        .unwrap_or_else(|e| panic!("one JSON line ({e}): {report}"));
+    assert_ne!(
+        seen["spare"].as_u64().unwrap_or(0),
+        0,
+        "a node waits: {seen}"
+    );
+    for attempt in ["stdin", "mem"] {
+        let got = seen[attempt].as_str().unwrap_or("?");
+        assert!(
+            ["ENXIO", "EACCES", "EPERM"].contains(&got),
+            "{attempt} came to {got}: {seen}"
+        );
+    }
+    seen
+}
+
+#[test]
+fn the_next_snippet_runs_on_the_node_started_ahead_fresh_and_sealed() {
+    require_docker!();
+    let d = sessions();
+    let (id, _) = open(&d, json!({}));
+    for _ in 0..2 {
+        let seen = snippet_then_find(&d, &id, false);
+        let next = snippet_json(&d, &id, WHO_AM_I);
+        assert_eq!(next["pid"], seen["spare"], "{seen} then {next}");
+        assert_eq!(next["leak"], "undefined", "{next}");
+        assert_eq!(next["preload"], Value::Null, "{next}");
+        assert_eq!(next["memOpened"], false, "{next}");
+    }
+    assert_eq!(close_as(&d, None, &id).status, 200);
+}
+
+#[test]
+fn a_snippet_cannot_shape_what_the_next_one_runs_or_prints() {
+    require_docker!();
+    let d = sessions();
+    let (id, _) = open(&d, json!({}));
+    let seen = snippet_then_find(&d, &id, true);
+    // Its output pipe (where /proc lets a guest open it), its priority and its run state may
+    // have been touched: such a node is not used, and the next snippet prints exactly its own.
+    let resp = session_run_as(
+        &d,
+        None,
+        &id,
+        json!({ "javascript": { "code": "console.log('second ' + process.pid)" } }),
+    );
+    assert_eq!(resp.status, 200, "{resp}");
+    let run = &resp.json()["run"]["javascript"];
+    let out = field(run, "stdout");
+    assert_eq!(run["exitCode"].as_i64().unwrap_or(0), 0, "{run}");
+    assert_ne!(run["timedOut"], true, "{run}");
+    assert!(!out.contains("INJECTED"), "{run}");
+    let pid = out
+        .strip_prefix("second ")
+        .and_then(|p| p.trim_end().parse::<u64>().ok())
+        .unwrap_or_else(|| panic!("exactly its own line: {run}"));
+    // A stopped node is resumed and may serve; one whose output or priority was changed
+    // never does.
+    if seen["stdout"] == "done" || seen["nice"] == "done" {
+        assert_ne!(
+            Some(pid),
+            seen["spare"].as_u64(),
+            "the touched node was used: {run}"
+        );
+    }
+    assert_eq!(field(run, "stderr"), "", "{run}");
+    assert_eq!(close_as(&d, None, &id).status, 200);
+}
