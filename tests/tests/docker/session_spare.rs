@@ -140,3 +140,21 @@ fn a_snippet_cannot_shape_what_the_next_one_runs_or_prints() {
     assert_eq!(field(run, "stderr"), "", "{run}");
     assert_eq!(close_as(&d, None, &id).status, 200);
 }
+
+/// Code near the largest a call may carry (256 KiB) is more than a socket buffer takes at
+/// once: the rest is written while node reads, on a fresh node and on one started ahead.
+#[test]
+fn a_snippet_larger_than_the_sockets_buffer_runs_whole() {
+    require_docker!();
+    let d = sessions();
+    let (id, _) = open(&d, json!({}));
+    let filler = "x".repeat(250 * 1024);
+    let code =
+        format!("const s = '{filler}';\nconsole.log(JSON.stringify({{ length: s.length }}))");
+    for _ in 0..3 {
+        let ran = snippet_json(&d, &id, &code);
+        assert_eq!(ran["length"].as_u64(), Some(250 * 1024), "{ran}");
+        std::thread::sleep(Duration::from_millis(300));
+    }
+    assert_eq!(close_as(&d, None, &id).status, 200);
+}
