@@ -7,7 +7,8 @@
 //! first of each block follows the exec calls' pause and is not counted. Mixed rounds: a
 //! snippet, a project call and a cell in turn, as an agent alternating them would send them
 //! (here work a call leaves running in the background, such as the next snippet's node
-//! starting, lands on the next call of another kind).
+//! starting, lands on the next call of another kind). Then snippets 1 s apart, as an agent
+//! that thinks between its calls sends them.
 
 use std::time::Instant;
 
@@ -117,6 +118,17 @@ fn bench_session_calls_back_to_back() {
     for ((what, _), ms) in kinds.iter().zip(mixed) {
         phases.push(("mixed rounds", what, ms));
     }
+    // As an agent that thinks between calls sends them: each snippet a second after the
+    // previous answer (a third as many, at least 10).
+    let mut paused = Vec::new();
+    for i in 0..=(n / 3).max(10) {
+        std::thread::sleep(std::time::Duration::from_secs(1));
+        let t = timed(snippet);
+        if i > 0 {
+            paused.push(t);
+        }
+    }
+    phases.push(("1 s apart", "session snippet call", paused));
     assert_eq!(close_as(&d, None, &id).status, 200);
     let (ok, out) = docker(&["rm", "-f", &baseline]);
     assert!(ok, "{out}");
