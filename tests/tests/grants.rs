@@ -16,6 +16,7 @@ mod grants {
     pub mod e2b;
     pub mod openshell;
     pub mod sessions;
+    pub mod sessions_spare;
 }
 
 use std::net::SocketAddr;

@@ -15,12 +15,14 @@
 //! {"op":"prove"}                                           -> {"op":"prove","ok":b}
 //! {"op":"project","input":b64,"hold":[id,…]}               -> {"op":"project","held":false}
 //!                                     | {"op":"project","held":true,"still":b,"stdout":b64}
-//! {"op":"snippet","code":b64,"env":["N=v",…],"timeoutMs":n,"cap":n[,"spare":"ahead"|"idle"]}
+//! {"op":"snippet","code":b64,"env":["N=v",…],"timeoutMs":n,"cap":n[,"spare":"swept"|"idle"]}
 //!   -> {"op":"snippet","stdout","stderr","exit","timedOut","stdoutTruncated","stderrTruncated"}
+//! {"op":"drop"}                                            -> {"op":"drop"}
 //! ```
 //!
-//! `spare` asks for the next snippet's node to be started ahead ([`snippet::Spare`]): as soon
-//! as this one's runs (`ahead`), or once no request has come for 50 ms (`idle`).
+//! `spare` asks for the next snippet's node to be started ahead ([`snippet::Spare`]) once
+//! this call's sweep is clean: right away (`swept`) or once no request has come for 50 ms
+//! (`idle`); `drop` ends it and the wish for one.
 //!
 //! See [`sweep`], [`hold`], [`probe`], [`project`] and [`snippet`]. A request it cannot read
 //! ends it with exit 3 (plimsolld then ends the session); the end of stdin with 0.
@@ -55,6 +57,7 @@ pub mod hold;
 pub mod probe;
 pub mod procs;
 pub mod project;
+pub mod quiet;
 pub mod report;
 pub mod snippet;
 pub mod sweep;
@@ -85,6 +88,11 @@ struct Ready<'a> {
     op: &'static str,
     id: &'a str,
     uid: u32,
+}
+
+#[derive(Serialize)]
+struct Dropped {
+    op: &'static str,
 }
 
 #[derive(Serialize)]
@@ -149,9 +157,13 @@ struct Agent {
     proven: Option<probe::Proof>,
     /// The next snippet's node, started ahead ([`snippet::Spare`]).
     spare: Option<snippet::Spare>,
-    /// The environment of a spare to start once no request has come for [`IDLE_BEFORE_SPARE_MS`]
-    /// (the last snippet asked for `"spare":"idle"`).
-    idle_spare: Option<Vec<(String, String)>>,
+    /// The environment of the spare the last snippet asked for, and how long no request
+    /// must come after a clean sweep before it is started (0 for `swept`,
+    /// [`IDLE_BEFORE_SPARE_MS`] for `idle`).
+    wanted: Option<(Vec<(String, String)>, u16)>,
+    /// Whether the last request was a sweep that came out clean: a spare starts only then,
+    /// when no code of a call is alive.
+    swept_clean: bool,
 }
 
 /// Serves stdin to its end; the process's exit status. The guard has run.
@@ -164,7 +176,8 @@ pub fn serve(guest: u32) -> i32 {
         spared: sweep::spared(),
         proven: None,
         spare: None,
-        idle_spare: None,
+        wanted: None,
+        swept_clean: false,
     };
     let me = std::process::id().to_string();
     let id = match procs::stat_fields(&me).and_then(|f| procs::identity(&me, &f)) {
@@ -253,34 +266,44 @@ fn decode(value: Option<&Value>, name: &str) -> Result<Vec<u8>, AgentError> {
 }
 
 impl Agent {
-    /// Before waiting for the next request: when an idle spare is wanted and none is waiting,
-    /// it is started if no request comes within [`IDLE_BEFORE_SPARE_MS`], so its start never
-    /// competes with a call sent right after the last one.
+    /// Before waiting for the next request: right after a clean sweep, when a spare is
+    /// wanted and none waits, it is started once no request has come for the wanted time, so
+    /// an `idle` spare's start never competes with a call sent right after the last one.
     fn when_idle(&mut self, input: &std::fs::File) {
-        let Some(env) = self.idle_spare.as_ref() else {
-            return;
-        };
-        if self.spare.is_some() {
+        if !self.swept_clean || self.spare.is_some() {
             return;
         }
+        let Some((env, wait_ms)) = self.wanted.as_ref() else {
+            return;
+        };
         let mut fds = [PollFd::new(input.as_fd(), PollFlags::POLLIN)];
-        if matches!(
-            poll(&mut fds, PollTimeout::from(IDLE_BEFORE_SPARE_MS)),
-            Ok(0)
-        ) {
+        if matches!(poll(&mut fds, PollTimeout::from(*wait_ms)), Ok(0)) {
             self.spare = snippet::Spare::start(self.guest, env.clone());
+        }
+    }
+
+    /// Ends the spare and the wish for one (before a grant is lent).
+    fn drop_spare(&mut self) {
+        self.wanted = None;
+        if let Some(spare) = self.spare.take() {
+            spare.end(self.guest);
         }
     }
 
     fn request(&mut self, line: &[u8]) -> Result<(), AgentError> {
         let request: Value = serde_json::from_slice(line).map_err(|e| bad(&e.to_string()))?;
         let op = request.get("op").and_then(Value::as_str).unwrap_or("");
+        self.swept_clean = false;
         match op {
             "sweep" => self.sweep(&request),
             "hold" => self.hold(&request),
             "prove" => self.prove(),
             "project" => self.project(&request),
             "snippet" => self.snippet(&request),
+            "drop" => {
+                self.drop_spare();
+                Ok(answer(&Dropped { op: "drop" })?)
+            }
             _ => Err(bad("unknown request")),
         }
     }
@@ -292,11 +315,9 @@ impl Agent {
         let mut spared = self.spared.clone();
         spared.extend(self.spare.as_ref().map(snippet::Spare::pid));
         let exit = sweep::sweep(self.guest, &spared, &keep, disk, &mounts);
-        if !matches!(exit, Ok(sweep::EXIT_CLEAN)) {
-            self.idle_spare = None;
-            if let Some(spare) = self.spare.take() {
-                spare.end(self.guest);
-            }
+        self.swept_clean = matches!(exit, Ok(sweep::EXIT_CLEAN));
+        if !self.swept_clean {
+            self.drop_spare();
         }
         Ok(answer(&Swept {
             op: "sweep",
@@ -377,24 +398,24 @@ impl Agent {
         let code = match decode(request.get("code"), "code") {
             Ok(code) => code,
             Err(e) => {
-                if let Some(spare) = self.spare.take() {
-                    spare.end(self.guest);
-                }
+                self.drop_spare();
                 return Err(e);
             }
         };
-        let mode = request.get("spare").and_then(Value::as_str);
         let env = snippet::environment(self.guest, &pairs);
-        self.idle_spare = (mode == Some("idle")).then(|| env.clone());
         let ran = snippet::snippet(
             self.guest,
             &code,
-            env,
+            &env,
             request.get("timeoutMs"),
             request.get("cap"),
             &mut self.spare,
-            mode == Some("ahead"),
         );
+        self.wanted = match request.get("spare").and_then(Value::as_str) {
+            Some("swept") => Some((env, 0)),
+            Some("idle") => Some((env, IDLE_BEFORE_SPARE_MS)),
+            _ => None,
+        };
         let b64 = base64::engine::general_purpose::STANDARD;
         Ok(answer(&Snipped {
             op: "snippet",
@@ -462,7 +483,8 @@ mod tests {
             spared: HashSet::new(),
             proven: None,
             spare: None,
-            idle_spare: None,
+            wanted: None,
+            swept_clean: false,
         };
         for line in [
             &b""[..],

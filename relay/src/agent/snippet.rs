@@ -8,15 +8,17 @@
 //! a pipe: /proc/<pid>/fd/0 of a socket cannot be opened, under runc or gVisor, so nothing
 //! but the agent can write to what node will run.
 //!
-//! The spare: when plimsolld asks for one (an ungranted call), the agent starts the next
-//! snippet's node with the same environment, as soon as this one's is running (`ahead`) or
-//! once no request has come for a moment (`idle`, [`super::Agent`]), so the next snippet
-//! finds node already started and only sends its code. A spare runs nothing until
-//! the agent closes its stdin. It is used by the next snippet, when that one has the same
-//! environment, and only if nothing observable was done to it while it waited
-//! ([`Spare::untouched`]); otherwise that snippet ends it and starts its own node. Project
-//! calls and holds in between leave it waiting (it runs no code, so it cannot use a grant
-//! lent meanwhile); a sweep that cannot prove the boundary ends it.
+//! The spare: when plimsolld asks for one (an ungranted snippet), the agent starts the next
+//! snippet's node with the same environment once the call's sweep is clean, right away
+//! (`swept`) or once no request has come for 50 ms (`idle`) ([`super::Agent`]), so the next
+//! snippet finds node already started and only sends its code. No code of a call is alive
+//! then, and every other guest process (kept interpreters) is held stopped until the spare's
+//! guard has run ([`super::quiet`]), so no guest process ever sees it dumpable. It runs
+//! nothing until the agent closes its stdin. It is used by the next snippet, when that one
+//! has the same environment, and only if nothing observable was done to it while it waited
+//! ([`Spare::untouched`]); otherwise that snippet ends it and starts its own node. Ungranted
+//! project calls and cells in between leave it waiting; plimsolld ends it before any grant
+//! is lent (`drop`), and a sweep that cannot prove the boundary ends it.
 
 use std::fs::File;
 use std::io::{self, Write};
@@ -25,7 +27,7 @@ use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::net::UnixStream;
 use std::os::unix::process::CommandExt;
 use std::process::{Child, Command, Stdio};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
 use nix::sys::signal::Signal;
@@ -33,12 +35,12 @@ use serde_json::Value;
 
 use super::child::{self, Cap, Ran, Watch};
 use super::env::{self, Env};
-use super::procs;
+use super::{procs, quiet};
 
-/// Enters /work as the guest, preloads the runner guard for node alone, then becomes node.
-const SNIPPET_SCRIPT: &str = "cd /work || exit 127\nexport LD_PRELOAD=\"$0\"\nexec \"$@\"";
 /// The project image's runner guard (images/project/guard).
 const GUARD: &str = "/usr/local/lib/plimsoll-runner-guard.so";
+/// How long a spare may take to be sealed (its guard run) before it is given up.
+const SEAL_WAIT: Duration = Duration::from_secs(2);
 const EXIT_TIMED_OUT: i32 = 124;
 const EXIT_NOT_STARTED: i32 = 127;
 /// The most a stream keeps, whatever the request asks. Deliberate (the JS had no bound): two
@@ -76,17 +78,20 @@ struct Started {
     stdin: File,
 }
 
-/// Starts `node -` as the guest in /work, stdin a socket, stdout and stderr pipes.
+/// Starts `node -` as the guest in /work (entered with the guest's rights: std sets the ids
+/// before it changes directory; a /work it cannot enter fails the start, exit 127), under the
+/// runner guard, stdin a socket, stdout and stderr pipes.
 fn start(guest: u32, env: &[(String, String)]) -> io::Result<Started> {
     // Both ends close on exec; the child's is duplicated onto its fd 0.
     let (ours, theirs) = UnixStream::pair()?;
     // The child reads only: its end cannot write back to the agent.
     theirs.shutdown(Shutdown::Write)?;
-    let mut cmd = Command::new("sh");
-    cmd.args(["-c", SNIPPET_SCRIPT, GUARD, "node", "-"])
+    let mut cmd = Command::new("node");
+    cmd.arg("-")
         .env_clear()
         .envs(env.iter().map(|(n, v)| (n, v)))
-        .current_dir("/")
+        .env("LD_PRELOAD", GUARD)
+        .current_dir(env::WORK)
         .stdin(Stdio::from(OwnedFd::from(theirs)))
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -107,10 +112,46 @@ pub struct Spare {
 }
 
 impl Spare {
-    /// A spare for a snippet with this environment, or none when node cannot start.
+    /// A spare for a snippet with this environment, started while every guest process is
+    /// held stopped and given up unless its guard has run within [`SEAL_WAIT`]; none when
+    /// that cannot be done.
     pub fn start(guest: u32, env: Vec<(String, String)>) -> Option<Spare> {
+        let held = quiet::hold_all(guest)?;
         let started = start(guest, &env).ok()?;
-        Some(Spare { started, env })
+        let mut spare = Spare { started, env };
+        let sealed = spare.sealed();
+        drop(held);
+        if sealed {
+            Some(spare)
+        } else {
+            spare.end(guest);
+            None
+        }
+    }
+
+    /// Waits until the child is node (its command line) and non-dumpable (its /proc entries
+    /// owned by root, as the kernel and gVisor show a process that is not dumpable): the
+    /// guard's constructor has run. Before its `exec` the child is the agent's non-dumpable
+    /// fork, so both are needed.
+    fn sealed(&mut self) -> bool {
+        let pid = self.started.child.id().to_string();
+        let until = Instant::now() + SEAL_WAIT;
+        loop {
+            if !matches!(self.started.child.try_wait(), Ok(None)) {
+                return false;
+            }
+            let node = std::fs::read(format!("/proc/{pid}/cmdline"))
+                .is_ok_and(|c| c.as_slice() == b"node\0-\0");
+            let root = std::fs::metadata(format!("/proc/{pid}/status"))
+                .is_ok_and(|m| std::os::unix::fs::MetadataExt::uid(&m) == 0);
+            if node && root {
+                return true;
+            }
+            if Instant::now() >= until {
+                return false;
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
     }
 
     /// The child's pid, which the sweep spares (it cannot be reused while unreaped).
@@ -195,16 +236,14 @@ fn same_as_agent(pid: &str) -> bool {
 }
 
 /// Runs one snippet with the environment `env` ([`environment`]), on `spare` when it can
-/// serve it (else `spare` is ended); when `keep_spare`, the next snippet's spare is started
-/// as soon as this one's node runs.
+/// serve it (else `spare` is ended).
 pub fn snippet(
     guest: u32,
     code: &[u8],
-    env: Vec<(String, String)>,
+    env: &[(String, String)],
     timeout_ms: Option<&Value>,
     cap: Option<&Value>,
     spare: &mut Option<Spare>,
-    keep_spare: bool,
 ) -> Ran {
     let began = Instant::now();
     // Bounded above by SNIPPET_CAP_MAX: the cast is exact.
@@ -212,7 +251,7 @@ pub fn snippet(
     let cap = whole(cap).min(SNIPPET_CAP_MAX as f64) as usize;
     let ready = match spare.take() {
         Some(mut s) => {
-            if s.untouched(guest, &env) {
+            if s.untouched(guest, env) {
                 Some(s.into_started())
             } else {
                 s.end(guest);
@@ -223,7 +262,7 @@ pub fn snippet(
     };
     let started = match ready {
         Some(started) => Ok(started),
-        None => start(guest, &env),
+        None => start(guest, env),
     };
     let Ok(mut started) = started else {
         return Ran {
@@ -231,11 +270,8 @@ pub fn snippet(
             ..Ran::default()
         };
     };
-    // Most code fits the socket's buffer: node can start on it before the spare is made.
+    // Most code fits the socket's buffer at once; the rest is written while node reads.
     let sent = send_some(&mut started.stdin, code);
-    if keep_spare {
-        *spare = Spare::start(guest, env);
-    }
     let watch = Watch {
         guest,
         deadline: child::after(began, whole(timeout_ms)),

@@ -1,10 +1,10 @@
 //! The node a session's agent starts ahead for the next snippet (issue 15 item 2): the next
 //! ungranted snippet runs on it, it is a fresh process that carries nothing of earlier calls,
 //! no guest process can write what it will run or read its memory, and one that was tampered
-//! with is never used. Under runc it starts while a snippet runs, under runsc once the session
-//! is idle; both are in place after a pause, when a project call's step looks for it.
+//! with is never used. It starts after the snippet's sweep (under runsc once the session is
+//! idle); both are in place after a pause, when a project call's step looks for it.
 
-use super::session::{close_as, open, session_run_as, sessions};
+use super::session::{cell, close_as, open, session_run_as, sessions};
 use super::*;
 
 /// A project step's program: waits (up to 4 s) for a `node -` of the guest, the next
@@ -92,7 +92,10 @@ fn snippet_then_find(d: &Daemon, id: &str, attack: bool) -> Value {
 fn the_next_snippet_runs_on_the_node_started_ahead_fresh_and_sealed() {
     require_docker!();
     let d = sessions();
-    let (id, _) = open(&d, json!({}));
+    // A kept interpreter is held stopped while each spare starts, then goes on.
+    let (id, _) = open(&d, json!({ "languages": ["python"] }));
+    let kept = cell(&d, &id, "python", "kept = 6 * 7\nprint(kept)");
+    assert_eq!(field(&kept, "stdout"), "42\n", "{kept}");
     for _ in 0..2 {
         let seen = snippet_then_find(&d, &id, false);
         let next = snippet_json(&d, &id, WHO_AM_I);
@@ -101,6 +104,9 @@ fn the_next_snippet_runs_on_the_node_started_ahead_fresh_and_sealed() {
         assert_eq!(next["preload"], Value::Null, "{next}");
         assert_eq!(next["memOpened"], false, "{next}");
     }
+    let kept = cell(&d, &id, "python", "print(kept)");
+    assert_eq!(field(&kept, "stdout"), "42\n", "{kept}");
+    assert_eq!(kept["interpreterStarted"].as_bool(), None, "{kept}");
     assert_eq!(close_as(&d, None, &id).status, 200);
 }
 

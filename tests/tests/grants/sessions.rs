@@ -70,7 +70,7 @@ pub(super) fn session_profiles(f: &Fixture) -> Value {
 
 /// A dropped `Daemon` is stopped with SIGTERM, so its drain removes the session's container
 /// even when an assertion fails.
-fn session_daemon(f: &Fixture) -> Daemon {
+pub(super) fn session_daemon(f: &Fixture) -> Daemon {
     let mut extra = vec![
         ("SANDBOX_PROVIDER", "docker"),
         ("SANDBOX_MAX_SESSIONS", "4"),
@@ -90,12 +90,12 @@ fn send(addr: SocketAddr, req: &Request) -> Response {
     conn.read_response(false).expect("answer")
 }
 
-fn call(d: &Daemon, token: &str, procedure: &str, body: &Value) -> Response {
+pub(super) fn call(d: &Daemon, token: &str, procedure: &str, body: &Value) -> Response {
     send(d.addr, &connect::call_as(token, procedure, body))
 }
 
 /// A SessionRun with `payload` (`{"javascript": …}` or `{"project": …}`).
-fn session_run(d: &Daemon, token: &str, id: &str, payload: Value) -> Response {
+pub(super) fn session_run(d: &Daemon, token: &str, id: &str, payload: Value) -> Response {
     let mut body = json!({
         "protocol": connect::PROTOCOL,
         "sessionId": id,
@@ -116,7 +116,7 @@ fn snippet(code: &str, profile: &str) -> Value {
     json!({ "javascript": js })
 }
 
-fn field(v: &Value, name: &str) -> String {
+pub(super) fn field(v: &Value, name: &str) -> String {
     v[name]
         .as_str()
         .map(|b| String::from_utf8_lossy(&connect::decode_base64(b).expect("base64")).into_owned())
@@ -124,7 +124,13 @@ fn field(v: &Value, name: &str) -> String {
 }
 
 /// A snippet call that must be answered with exit 0; answers `(stdout, stderr)`.
-fn snippet_ran(d: &Daemon, token: &str, id: &str, code: &str, profile: &str) -> (String, String) {
+pub(super) fn snippet_ran(
+    d: &Daemon,
+    token: &str,
+    id: &str,
+    code: &str,
+    profile: &str,
+) -> (String, String) {
     let resp = session_run(d, token, id, snippet(code, profile));
     assert_eq!(resp.status, 200, "{code}: {resp}");
     let run = resp.json()["run"].clone();
@@ -140,7 +146,7 @@ fn snippet_ran(d: &Daemon, token: &str, id: &str, code: &str, profile: &str) -> 
 }
 
 /// The single JSON line a probe printed.
-fn one_json_line(out: &str) -> Value {
+pub(super) fn one_json_line(out: &str) -> Value {
     serde_json::from_str(out.trim()).unwrap_or_else(|e| panic!("one JSON line ({e}): {out:?}"))
 }
 

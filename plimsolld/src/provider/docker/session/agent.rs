@@ -24,19 +24,20 @@ use base64::Engine as _;
 /// The relay binary's mode that is the agent (the project image carries the binary).
 const AGENT_MODE: &str = "agent";
 
-/// When the agent starts the next snippet's node.
+/// When the agent starts the next snippet's node, always after this call's sweep came out
+/// clean (no code of the call alive, every other guest process held stopped meanwhile).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) enum SpareStart {
-    /// As soon as this snippet's node runs.
-    Ahead,
-    /// Once no request has come for a moment after this call.
+    /// Right after the sweep.
+    Swept,
+    /// Once no request has come for 50 ms after the sweep.
     Idle,
 }
 
 impl SpareStart {
     fn as_str(self) -> &'static str {
         match self {
-            SpareStart::Ahead => "ahead",
+            SpareStart::Swept => "swept",
             SpareStart::Idle => "idle",
         }
     }
@@ -146,6 +147,12 @@ struct Held {
     held: bool,
 }
 
+/// A drop's answer.
+#[derive(Deserialize)]
+struct Dropped {
+    op: String,
+}
+
 /// A sweep's answer.
 #[derive(Deserialize)]
 struct Swept {
@@ -178,6 +185,7 @@ answers!(
     Projected => "project",
     Snipped => "snippet",
     Held => "hold",
+    Dropped => "drop",
 );
 
 /// The held agent of one session container.
@@ -326,6 +334,15 @@ impl Agent {
             stderr: decode(&answer.stderr)?,
             answer,
         })
+    }
+
+    /// Ends the next snippet's node, if one waits, and the wish for one: before a grant is
+    /// lent, so no process but the call's can be there to use it.
+    pub(super) async fn drop_spare(&mut self, deadline: Instant) -> Result<(), AgentError> {
+        self.send(&serde_json::json!({ "op": "drop" }), deadline)
+            .await?;
+        let _: Dropped = self.answer(deadline).await?;
+        Ok(())
     }
 
     /// Stops every process in `ids` (all threads, proven within 2 s), or (`stop` false)

@@ -42,13 +42,12 @@ impl DockerSession {
         let mut env = self.image.env.clone();
         env.extend(grant_env);
         // A granted call's node is never started ahead: its grant is this call's. Under
-        // gVisor a node's start is slow and CPU-bound, and two starting side by side on a
-        // small machine slow each other (and the calls after): there the next one starts only
-        // once the session is idle.
+        // gVisor a node's start is slow and CPU-bound, and one starting beside the next call
+        // slows that call on a small machine: there it starts only once the session is idle.
         let spare = match grant {
             Some(_) => None,
             None if self.settings.runtime.is_runsc() => Some(SpareStart::Idle),
-            None => Some(SpareStart::Ahead),
+            None => Some(SpareStart::Swept),
         };
         let began = Instant::now();
         let Some(agent) = self.agent.get_mut().ok().and_then(Option::as_mut) else {
@@ -171,7 +170,7 @@ impl DockerSession {
 
     /// The session's end when its agent failed: the container's state names it, else the
     /// boundary could not be proven.
-    async fn agent_lost(&self, detail: &'static str) -> SessionFault {
+    pub(super) async fn agent_lost(&self, detail: &'static str) -> SessionFault {
         let reason = end_for(
             &self.engine,
             &self.id,

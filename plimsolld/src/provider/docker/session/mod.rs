@@ -323,6 +323,15 @@ impl SessionSandbox for DockerSession {
     }
 
     async fn hold_kept(&mut self) -> Result<u32, SessionFault> {
+        // The next snippet's node, if one waits, goes before the grant is lent.
+        let Some(agent) = self.agent.get_mut().ok().and_then(Option::as_mut) else {
+            return Err(self.agent_lost("the session's agent is gone").await);
+        };
+        if let Err(e) = agent.drop_spare(Instant::now() + HOLD_BUDGET).await {
+            tracing::warn!(error = %e, "session agent did not end its spare node");
+            self.agent.get_mut().ok().map(Option::take);
+            return Err(self.agent_lost("the session's agent did not answer").await);
+        }
         self.forget_dead_interpreters().await;
         if self.settings.runtime.is_runsc() {
             // Under gVisor every connection to the session's socket has the sandbox's gofer as
