@@ -40,12 +40,14 @@ fn call(d: &Daemon, id: &str, payload: Value) -> Response {
     send(d.addr, &connect::call("SessionRun", &body))
 }
 
-/// A cell that must answer: its `cell` result.
+/// A cell that must answer: its `cell` result. The deadline is generous: a first cell
+/// starts its interpreter inside the simulated VM, slow on a loaded machine under gVisor, and
+/// this test is about state, not the default deadline (the deadline case sets its own).
 fn cell(d: &Daemon, id: &str, language: &str, code: &str) -> Value {
     let resp = call(
         d,
         id,
-        json!({ "cell": { "language": language, "code": code } }),
+        json!({ "timeoutMs": 30000, "cell": { "language": language, "code": code } }),
     );
     assert_eq!(resp.status, 200, "{code}: {resp}\n{}", d.logs().join("\n"));
     let run = resp.json()["run"].clone();

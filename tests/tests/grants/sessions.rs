@@ -433,7 +433,7 @@ fn a_thread_planted_by_an_earlier_cell_never_uses_a_later_calls_grant() {
 
     // 4. The broker's audit line for that call marks the shared sandbox and charges it
     // nothing.
-    let closed = closed_lines(&d.log_records(), "sess");
+    let closed = closed_lines(&d, "sess");
     assert_eq!(closed[0]["host_calls"], 0, "{}", closed[0]);
     assert_eq!(closed[0]["kept_from_earlier_calls"], 1, "{}", closed[0]);
     let resp = call(
@@ -572,8 +572,8 @@ fn woken_interpreter(f: &Fixture, d: &Daemon, cells: &[&str], granted: &str) -> 
     let fresh_after = after["interpreterStarted"] == true;
     let seen: Vec<Value> =
         serde_json::from_str(field(&after, "stdout").trim()).expect("seen is JSON");
+    let closed = closed_lines(d, "sess");
     let records = d.log_records();
-    let closed = closed_lines(&records, "sess");
     // plimsolld's own lines carry `msg` (the broker's, `message`).
     let running_at_release = records.iter().any(|r| {
         r["msg"]
@@ -674,21 +674,29 @@ fn assert_ended_under_runsc(f: &Fixture, woken: &Woken) {
 }
 
 /// The broker's `grant run closed` lines for calls lent `profile`, asserting there is one.
-fn closed_lines(records: &[Value], profile: &str) -> Vec<Value> {
-    let closed: Vec<Value> = records
-        .iter()
-        .filter(|r| r["message"] == "grant run closed" && r["grant_profile"] == profile)
-        .cloned()
-        .collect();
-    assert_eq!(closed.len(), 1, "{closed:?}");
-    closed
+/// The broker writes it as the grant closes, before the answer, but its log reaches the
+/// daemon's captured output a moment later: it is waited for (up to 10 s).
+fn closed_lines(d: &Daemon, profile: &str) -> Vec<Value> {
+    let until = Instant::now() + Duration::from_secs(10);
+    loop {
+        let closed: Vec<Value> = d
+            .log_records()
+            .into_iter()
+            .filter(|r| r["message"] == "grant run closed" && r["grant_profile"] == profile)
+            .collect();
+        if !closed.is_empty() || Instant::now() >= until {
+            assert_eq!(closed.len(), 1, "{closed:?}");
+            return closed;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
 }
 
 /// Under runsc, after a granted call of session `id` lent `profile`: its audit line kept
 /// nothing from earlier calls and counts `host_calls`, and the next cell starts a fresh
 /// interpreter (the one from before the call ended before the grant was lent).
 fn assert_interpreters_ended(d: &Daemon, f: &Fixture, id: &str, profile: &str, host_calls: u64) {
-    let closed = closed_lines(&d.log_records(), profile);
+    let closed = closed_lines(d, profile);
     assert_eq!(
         closed[0]["kept_from_earlier_calls"].as_u64().unwrap_or(0),
         0,
