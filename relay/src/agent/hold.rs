@@ -21,7 +21,7 @@ pub fn targets(ids: &[String]) -> Vec<ProcId> {
 }
 
 /// Whether every thread of `pid` is stopped, traced, a zombie or dead (or it is gone).
-fn all_stopped(pid: &str) -> bool {
+pub fn all_stopped(pid: &str) -> bool {
     // A task list that cannot be read counts as stopped, as in the JS (the process is gone).
     procs::thread_states(pid).map_or(true, |states| {
         states

@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 
 use nix::sys::signal::Signal;
 
+use super::hold::all_stopped as stopped;
 use super::procs;
 
 const MAX_ROUNDS: usize = 50;
@@ -27,15 +28,6 @@ fn real_uid(pid: &str) -> Option<u32> {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
     let line = status.lines().find(|l| l.starts_with("Uid:"))?;
     line.split_whitespace().nth(1)?.parse().ok()
-}
-
-/// Whether every thread of `pid` is stopped (or gone, or a zombie).
-fn stopped(pid: &str) -> bool {
-    procs::thread_states(pid).map_or(true, |states| {
-        states
-            .iter()
-            .all(|s| matches!(s.as_str(), "T" | "t" | "Z" | "X"))
-    })
 }
 
 /// Stops every process of the guest uid and proves every thread of each stopped, in rounds

@@ -21,7 +21,7 @@
 //! is lent (`drop`), and a sweep that cannot prove the boundary ends it.
 
 use std::fs::File;
-use std::io::{self, Write};
+use std::io;
 use std::net::Shutdown;
 use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::net::UnixStream;
@@ -264,14 +264,12 @@ pub fn snippet(
         Some(started) => Ok(started),
         None => start(guest, env),
     };
-    let Ok(mut started) = started else {
+    let Ok(started) = started else {
         return Ran {
             exit: EXIT_NOT_STARTED,
             ..Ran::default()
         };
     };
-    // Most code fits the socket's buffer at once; the rest is written while node reads.
-    let sent = send_some(&mut started.stdin, code);
     let watch = Watch {
         guest,
         deadline: child::after(began, whole(timeout_ms)),
@@ -280,10 +278,8 @@ pub fn snippet(
         kill_on_exit: false,
         grace: child::PIPE_GRACE,
     };
-    let rest = code.get(sent..).unwrap_or_default();
-    // Nothing left to write: the agent's end closes now, which is node's end of input.
-    let stdin = (!rest.is_empty()).then_some(started.stdin);
-    match child::watch_child(started.child, stdin, rest, &watch) {
+    // The code is written while node reads; the agent's end then closes, node's end of input.
+    match child::watch_child(started.child, Some(started.stdin), code, &watch) {
         Ok(mut ran) => {
             if ran.timed_out {
                 ran.exit = EXIT_TIMED_OUT;
@@ -295,24 +291,6 @@ pub fn snippet(
             ..Ran::default()
         },
     }
-}
-
-/// Writes what the socket takes now, without blocking; the count written.
-fn send_some(stdin: &mut File, code: &[u8]) -> usize {
-    use nix::fcntl::{FcntlArg, OFlag, fcntl};
-    if fcntl(&*stdin, FcntlArg::F_SETFL(OFlag::O_NONBLOCK)).is_err() {
-        return 0;
-    }
-    let mut sent = 0;
-    while sent < code.len() {
-        match stdin.write(code.get(sent..).unwrap_or_default()) {
-            Ok(0) => break,
-            Ok(n) => sent += n,
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-            Err(_) => break,
-        }
-    }
-    sent
 }
 
 #[cfg(test)]

@@ -2,13 +2,13 @@
 //! session's agent, beside `docker exec <container> true` on a container of the same image
 //! and runtime, interleaved in one run. Not a timed test: it prints p50/p95 and the ratios.
 //!
-//! Two phases. Back to back: per kind, blocks of [`BLOCK`] `docker exec` calls then
+//! Three phases. Back to back: per kind, blocks of [`BLOCK`] `docker exec` calls then
 //! `BLOCK + 1` session calls of that kind, each sent as soon as the previous one answered; the
 //! first of each block follows the exec calls' pause and is not counted. Mixed rounds: a
 //! snippet, a project call and a cell in turn, as an agent alternating them would send them
 //! (here work a call leaves running in the background, such as the next snippet's node
-//! starting, lands on the next call of another kind). Then snippets 1 s apart, as an agent
-//! that thinks between its calls sends them.
+//! starting, lands on the next call of another kind). 1 s apart: snippets as an agent that
+//! thinks between its calls sends them.
 
 use std::time::Instant;
 
@@ -34,6 +34,14 @@ fn timed(f: impl FnOnce()) -> f64 {
     t.elapsed().as_secs_f64() * 1000.0
 }
 
+/// One `docker exec <baseline> true`, timed.
+fn exec_true(baseline: &str) -> f64 {
+    timed(|| {
+        let (ok, out) = docker(&["exec", baseline, "true"]);
+        assert!(ok, "{out}");
+    })
+}
+
 /// Session calls per block of the back-to-back phase (and `docker exec` calls beside them).
 const BLOCK: usize = 5;
 
@@ -43,10 +51,7 @@ fn back_to_back(n: usize, baseline: &str, exec_ms: &mut Vec<f64>, call: &dyn Fn(
     let mut ms = Vec::new();
     for block in 0..=n.div_ceil(BLOCK) {
         for _ in 0..BLOCK {
-            let e = timed(|| {
-                let (ok, out) = docker(&["exec", baseline, "true"]);
-                assert!(ok, "{out}");
-            });
+            let e = exec_true(baseline);
             if block > 0 {
                 exec_ms.push(e);
             }
@@ -102,10 +107,7 @@ fn bench_session_calls_back_to_back() {
     }
     let mut mixed = [Vec::new(), Vec::new(), Vec::new()];
     for i in 0..=n {
-        let e = timed(|| {
-            let (ok, out) = docker(&["exec", &baseline, "true"]);
-            assert!(ok, "{out}");
-        });
+        let e = exec_true(&baseline);
         let times = kinds.map(|(_, call)| timed(call));
         // The first round warms caches and is not counted.
         if i > 0 {

@@ -23,6 +23,16 @@ use base64::Engine as _;
 
 /// The relay binary's mode that is the agent (the project image carries the binary).
 const AGENT_MODE: &str = "agent";
+/// The user the agent's exec starts as; the agent moves itself to uid+1 before it reads.
+const ROOT: &str = "0:0";
+/// Agent stderr kept for the log.
+const STDERR_CAP: usize = 4096;
+/// The longest answer line: a project call's runner output, base64, with its frame.
+const MAX_LINE: usize = crate::provider::guest::runner::STDOUT_CAP / 3 * 4 + 64 * 1024;
+/// Where the agent runs: not `/work`, which a guest may close to others.
+const AGENT_DIR: &str = "/";
+/// How long the agent may take to start and say it is ready.
+const START_BUDGET: Duration = Duration::from_secs(30);
 
 /// When the agent starts the next snippet's node, always after this call's sweep came out
 /// clean (no code of the call alive, every other guest process held stopped meanwhile).
@@ -42,16 +52,6 @@ impl SpareStart {
         }
     }
 }
-/// The user the agent's exec starts as; the agent moves itself to uid+1 before it reads.
-const ROOT: &str = "0:0";
-/// Agent stderr kept for the log.
-const STDERR_CAP: usize = 4096;
-/// The longest answer line: a project call's runner output, base64, with its frame.
-const MAX_LINE: usize = crate::provider::guest::runner::STDOUT_CAP / 3 * 4 + 64 * 1024;
-/// Where the agent runs: not `/work`, which a guest may close to others.
-const AGENT_DIR: &str = "/";
-/// How long the agent may take to start and say it is ready.
-const START_BUDGET: Duration = Duration::from_secs(30);
 
 /// Why the agent failed; every one ends the session (or fails its open).
 #[derive(Debug, thiserror::Error)]
