@@ -455,11 +455,12 @@ fn bench_session_pool_open_and_first_python_cell() {
         counter(&pool, "claims"),
         counter(&pool, "misses"),
     );
-    print_members(&members);
+    print_members("javascript,python", &members);
 }
 
-/// Each idle member's PSS and private memory, then the first one's breakdown by process.
-fn print_members(members: &[member_memory::Member]) {
+/// Each idle member's PSS and private memory, then the first one's breakdown by process;
+/// `warm` names what the members have warm.
+fn print_members(warm: &str, members: &[member_memory::Member]) {
     let charged: Vec<f64> = members
         .iter()
         .map(member_memory::Member::charged_mib)
@@ -470,7 +471,7 @@ fn print_members(members: &[member_memory::Member]) {
         .map(member_memory::Member::private_mib)
         .collect();
     println!(
-        "bench session pool {} idle member (MiB; its processes, its shim, under runsc its sandbox, gofer and stubs): charged {charged:.1?} PSS {pss:.1?} private {private:.1?}",
+        "bench session pool {} idle member warm for {warm} (MiB; its processes, its shim, under runsc its sandbox, gofer and stubs): charged {charged:.1?} PSS {pss:.1?} private {private:.1?}",
         super::runtime(),
     );
     if let Some(first) = members.first() {
@@ -494,5 +495,36 @@ fn bench_session_pool_idle_member() {
         .collect();
     stop(d);
     assert_eq!(members.len(), 2, "{members:?}");
-    print_members(&members);
+    print_members("javascript,python", &members);
+}
+
+/// A hinted pool (five members, the size from which members warm what opens ask for) after
+/// one python open: the python-only member its refill made, measured beside an
+/// every-language member of the same pool (so node's and python's text is shared the same
+/// way for both).
+#[test]
+#[ignore = "benchmark: cargo test --workspace --test docker -- --ignored --nocapture bench_session_pool_idle_python_member"]
+fn bench_session_pool_idle_python_member() {
+    require_docker!();
+    let d = pooled("5", "6");
+    wait_warm(&d, "five members", |w| total(w) == 5);
+    let (first, _) = open(&d, json!({ "languages": ["python"] }));
+    assert_eq!(close_as(&d, None, &first).status, 200);
+    wait_warm(&d, "a python-only member and five in all", |w| {
+        total(w) == 5 && w.iter().any(|(set, n)| set == "python" && *n == 1)
+    });
+    std::thread::sleep(Duration::from_secs(5));
+    let python: Vec<member_memory::Member> = members_warm_for(&d, "python")
+        .iter()
+        .map(|id| member_memory::measure(id))
+        .collect();
+    let every: Vec<member_memory::Member> = members_warm_for(&d, "javascript,python")
+        .iter()
+        .take(1)
+        .map(|id| member_memory::measure(id))
+        .collect();
+    stop(d);
+    assert_eq!((python.len(), every.len()), (1, 1), "{python:?} {every:?}");
+    print_members("python", &python);
+    print_members("javascript,python", &every);
 }
