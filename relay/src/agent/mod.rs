@@ -15,14 +15,15 @@
 //! {"op":"prove"}                                           -> {"op":"prove","ok":b}
 //! {"op":"project","input":b64,"hold":[id,…]}               -> {"op":"project","held":false}
 //!                                     | {"op":"project","held":true,"still":b,"stdout":b64}
-//! {"op":"snippet","code":b64,"env":["N=v",…],"timeoutMs":n,"cap":n[,"spare":"swept"|"idle"]}
+//! {"op":"snippet","code":b64,"env":["N=v",…],"timeoutMs":n,"cap":n[,"spare":"early"|"idle"]}
 //!   -> {"op":"snippet","stdout","stderr","exit","timedOut","stdoutTruncated","stderrTruncated"}
 //! {"op":"drop"}                                            -> {"op":"drop"}
 //! ```
 //!
-//! `spare` asks for the next snippet's node to be started ahead ([`snippet::Spare`]) once
-//! this call's sweep is clean: right away (`swept`) or once no request has come for 50 ms
-//! (`idle`); `drop` ends it and the wish for one.
+//! `spare` asks for the next snippet's node to be started ahead ([`snippet::Spare`]):
+//! `early` (runc) keeps two ahead, topped up as this snippet's node takes its code, and
+//! starts one right after a clean sweep when none waits; `idle` starts one once this call's
+//! sweep is clean and no request has come for 50 ms. `drop` ends them and the wish.
 //!
 //! See [`sweep`], [`hold`], [`probe`], [`project`] and [`snippet`]. A request it cannot read
 //! ends it with exit 3 (plimsolld then ends the session); the end of stdin with 0.
@@ -155,15 +156,18 @@ struct Agent {
     guest: u32,
     spared: HashSet<u32>,
     proven: Option<probe::Proof>,
-    /// The next snippet's node, started ahead ([`snippet::Spare`]).
-    spare: Option<snippet::Spare>,
+    /// The next snippets' nodes, started ahead ([`snippet::Spare`]), oldest first.
+    spare: Vec<snippet::Spare>,
     /// The environment of the spare the last snippet asked for, and how long no request
-    /// must come after a clean sweep before it is started (0 for `swept`,
+    /// must come after a clean sweep before it is started (0 for `early`,
     /// [`IDLE_BEFORE_SPARE_MS`] for `idle`).
     wanted: Option<(Vec<(String, String)>, u16)>,
     /// Whether the last request was a sweep that came out clean: a spare starts only then,
     /// when no code of a call is alive.
     swept_clean: bool,
+    /// Whether nodes may still be started beside a call (`early`): false for the agent's
+    /// life once one was not non-dumpable from its exec, or could not be started.
+    early: bool,
 }
 
 /// Serves stdin to its end; the process's exit status. The guard has run.
@@ -175,9 +179,10 @@ pub fn serve(guest: u32) -> i32 {
         guest,
         spared: sweep::spared(),
         proven: None,
-        spare: None,
+        spare: Vec::new(),
         wanted: None,
         swept_clean: false,
+        early: true,
     };
     let me = std::process::id().to_string();
     let id = match procs::stat_fields(&me).and_then(|f| procs::identity(&me, &f)) {
@@ -270,7 +275,7 @@ impl Agent {
     /// wanted and none waits, it is started once no request has come for the wanted time, so
     /// an `idle` spare's start never competes with a call sent right after the last one.
     fn when_idle(&mut self, input: &std::fs::File) {
-        if !self.swept_clean || self.spare.is_some() {
+        if !self.swept_clean || !self.spare.is_empty() {
             return;
         }
         let Some((env, wait_ms)) = self.wanted.as_ref() else {
@@ -278,14 +283,15 @@ impl Agent {
         };
         let mut fds = [PollFd::new(input.as_fd(), PollFlags::POLLIN)];
         if matches!(poll(&mut fds, PollTimeout::from(*wait_ms)), Ok(0)) {
-            self.spare = snippet::Spare::start(self.guest, env.clone());
+            self.spare
+                .extend(snippet::Spare::start(self.guest, env.clone()));
         }
     }
 
-    /// Ends the spare and the wish for one (before a grant is lent).
+    /// Ends the spares and the wish for them (before a grant is lent).
     fn drop_spare(&mut self) {
         self.wanted = None;
-        if let Some(spare) = self.spare.take() {
+        for spare in self.spare.drain(..) {
             spare.end(self.guest);
         }
     }
@@ -313,7 +319,7 @@ impl Agent {
         let disk = disk_budget(request.get("disk"))?;
         let mounts = string_list(request, "mounts")?;
         let mut spared = self.spared.clone();
-        spared.extend(self.spare.as_ref().map(snippet::Spare::pid));
+        spared.extend(self.spare.iter().map(snippet::Spare::pid));
         let exit = sweep::sweep(self.guest, &spared, &keep, disk, &mounts);
         self.swept_clean = matches!(exit, Ok(sweep::EXIT_CLEAN));
         if !self.swept_clean {
@@ -403,6 +409,7 @@ impl Agent {
             }
         };
         let env = snippet::environment(self.guest, &pairs);
+        let mode = request.get("spare").and_then(Value::as_str);
         let ran = snippet::snippet(
             self.guest,
             &code,
@@ -410,9 +417,10 @@ impl Agent {
             request.get("timeoutMs"),
             request.get("cap"),
             &mut self.spare,
+            (mode == Some("early")).then_some(&mut self.early),
         );
-        self.wanted = match request.get("spare").and_then(Value::as_str) {
-            Some("swept") => Some((env, 0)),
+        self.wanted = match mode {
+            Some("early") => Some((env, 0)),
             Some("idle") => Some((env, IDLE_BEFORE_SPARE_MS)),
             _ => None,
         };
@@ -482,9 +490,10 @@ mod tests {
             guest: 1,
             spared: HashSet::new(),
             proven: None,
-            spare: None,
+            spare: Vec::new(),
             wanted: None,
             swept_clean: false,
+            early: true,
         };
         for line in [
             &b""[..],

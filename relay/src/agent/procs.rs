@@ -56,6 +56,13 @@ pub fn cmdline_hex(cmdline: &[u8]) -> String {
     hex
 }
 
+/// Whether `pid`'s `/proc` entries are root's: how the kernel and gVisor show a process that
+/// is not dumpable (the guest's own would be the guest's).
+pub fn owner_is_root(pid: u32) -> bool {
+    std::fs::metadata(format!("/proc/{pid}/status"))
+        .is_ok_and(|m| std::os::unix::fs::MetadataExt::uid(&m) == 0)
+}
+
 /// Whether an error says the process is gone.
 pub fn gone(e: &io::Error) -> bool {
     matches!(

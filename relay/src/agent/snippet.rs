@@ -8,17 +8,25 @@
 //! a pipe: /proc/<pid>/fd/0 of a socket cannot be opened, under runc or gVisor, so nothing
 //! but the agent can write to what node will run.
 //!
-//! The spare: when plimsolld asks for one (an ungranted snippet), the agent starts the next
-//! snippet's node with the same environment once the call's sweep is clean, right away
-//! (`swept`) or once no request has come for 50 ms (`idle`) ([`super::Agent`]), so the next
-//! snippet finds node already started and only sends its code. No code of a call is alive
-//! then, and every other guest process (kept interpreters) is held stopped until the spare's
-//! guard has run ([`super::quiet`]), so no guest process ever sees it dumpable. It runs
-//! nothing until the agent closes its stdin. It is used by the next snippet, when that one
-//! has the same environment, and only if nothing observable was done to it while it waited
+//! Spares: when plimsolld asks for them (an ungranted snippet), the agent starts the next
+//! snippets' nodes with the same environment, so the next snippet finds node already started
+//! and only sends its code. No guest process may ever see one dumpable, which two ways give:
+//! - `early` (runc): [`EARLY_DEPTH`] kept ahead, topped up beside the call as soon as this
+//!   snippet's node is chosen, from [`SEALED_NODE`], a copy of node the guest may run but not
+//!   read: the kernel makes a process non-dumpable at the exec of a file its uid cannot read,
+//!   so it is never dumpable, and each one is checked to be (its `/proc` entries root's) the
+//!   moment its exec returns, or ended, and no node is started beside a call again.
+//!   gVisor does not do this, which is why plimsolld asks for it under runc only.
+//! - After a clean sweep, when none waits (right away for `early`, after 50 ms without a
+//!   request for `idle`; [`super::Agent`]): no code of a call is alive then, and every other
+//!   guest process (kept interpreters) is held stopped until the spare's guard has run
+//!   ([`super::quiet`]).
+//!
+//! A spare runs nothing until the agent closes its stdin. It is used by a later snippet with
+//! the same environment, and only if nothing observable was done to it while it waited
 //! ([`Spare::untouched`]); otherwise that snippet ends it and starts its own node. Ungranted
-//! project calls and cells in between leave it waiting; plimsolld ends it before any grant
-//! is lent (`drop`), and a sweep that cannot prove the boundary ends it.
+//! project calls and cells in between leave spares waiting; plimsolld ends them before any
+//! grant is lent (`drop`), and a sweep that cannot prove the boundary ends them.
 
 use std::fs::File;
 use std::io;
@@ -39,6 +47,11 @@ use super::{procs, quiet};
 
 /// The project image's runner guard (images/project/guard).
 const GUARD: &str = "/usr/local/lib/plimsoll-runner-guard.so";
+/// The project image's copy of node that the guest may run but not read (images/build).
+const SEALED_NODE: &str = "/usr/local/libexec/plimsoll/node";
+/// How many nodes `early` keeps ahead: each has two calls' time to start, which on a 2-core
+/// machine is what lets back-to-back snippets stop waiting for one.
+pub const EARLY_DEPTH: usize = 2;
 /// How long a spare may take to be sealed (its guard run) before it is given up.
 const SEAL_WAIT: Duration = Duration::from_secs(2);
 const EXIT_TIMED_OUT: i32 = 124;
@@ -80,14 +93,16 @@ struct Started {
 
 /// Starts `node -` as the guest in /work (entered with the guest's rights: std sets the ids
 /// before it changes directory; a /work it cannot enter fails the start, exit 127), under the
-/// runner guard, stdin a socket, stdout and stderr pipes.
-fn start(guest: u32, env: &[(String, String)]) -> io::Result<Started> {
+/// runner guard, stdin a socket, stdout and stderr pipes; from [`SEALED_NODE`] when `sealed`
+/// (named `node` all the same).
+fn start(guest: u32, env: &[(String, String)], sealed: bool) -> io::Result<Started> {
     // Both ends close on exec; the child's is duplicated onto its fd 0.
     let (ours, theirs) = UnixStream::pair()?;
     // The child reads only: its end cannot write back to the agent.
     theirs.shutdown(Shutdown::Write)?;
-    let mut cmd = Command::new("node");
-    cmd.arg("-")
+    let mut cmd = Command::new(if sealed { SEALED_NODE } else { "node" });
+    cmd.arg0("node")
+        .arg("-")
         .env_clear()
         .envs(env.iter().map(|(n, v)| (n, v)))
         .env("LD_PRELOAD", GUARD)
@@ -117,11 +132,30 @@ impl Spare {
     /// that cannot be done.
     pub fn start(guest: u32, env: Vec<(String, String)>) -> Option<Spare> {
         let held = quiet::hold_all(guest)?;
-        let started = start(guest, &env).ok()?;
+        let started = start(guest, &env, false).ok()?;
         let mut spare = Spare { started, env };
         let sealed = spare.sealed();
         drop(held);
         if sealed {
+            Some(spare)
+        } else {
+            spare.end(guest);
+            None
+        }
+    }
+
+    /// A spare started beside a running call, from [`SEALED_NODE`]; none (and it is ended)
+    /// unless it is non-dumpable the moment its exec has returned.
+    fn start_early(guest: u32, env: &[(String, String)]) -> Option<Spare> {
+        // std's spawn returns once the exec has succeeded.
+        let started = start(guest, env, true).ok()?;
+        let mut spare = Spare {
+            started,
+            env: env.to_vec(),
+        };
+        let pid = spare.started.child.id();
+        let alive = matches!(spare.started.child.try_wait(), Ok(None));
+        if alive && procs::owner_is_root(pid) {
             Some(spare)
         } else {
             spare.end(guest);
@@ -142,8 +176,7 @@ impl Spare {
             }
             let node = std::fs::read(format!("/proc/{pid}/cmdline"))
                 .is_ok_and(|c| c.as_slice() == b"node\0-\0");
-            let root = std::fs::metadata(format!("/proc/{pid}/status"))
-                .is_ok_and(|m| std::os::unix::fs::MetadataExt::uid(&m) == 0);
+            let root = procs::owner_is_root(self.started.child.id());
             if node && root {
                 return true;
             }
@@ -235,35 +268,53 @@ fn same_as_agent(pid: &str) -> bool {
         && cpus(pid) == cpus("self")
 }
 
-/// Runs one snippet with the environment `env` ([`environment`]), on `spare` when it can
-/// serve it (else `spare` is ended).
+/// Runs one snippet with the environment `env` ([`environment`]), on the oldest of `spares`
+/// when it can serve it (else that one is ended, and so is every spare for another
+/// environment). With `early` still true, spares are topped up to [`EARLY_DEPTH`] beside
+/// the call; one that cannot be started sealed sets it false.
 pub fn snippet(
     guest: u32,
     code: &[u8],
     env: &[(String, String)],
     timeout_ms: Option<&Value>,
     cap: Option<&Value>,
-    spare: &mut Option<Spare>,
+    spares: &mut Vec<Spare>,
+    early: Option<&mut bool>,
 ) -> Ran {
     let began = Instant::now();
     // Bounded above by SNIPPET_CAP_MAX: the cast is exact.
     #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
     let cap = whole(cap).min(SNIPPET_CAP_MAX as f64) as usize;
-    let ready = match spare.take() {
-        Some(mut s) => {
-            if s.untouched(guest, env) {
-                Some(s.into_started())
-            } else {
-                s.end(guest);
-                None
-            }
+    let ready = if spares.is_empty() {
+        None
+    } else {
+        let mut s = spares.remove(0);
+        if s.untouched(guest, env) {
+            Some(s.into_started())
+        } else {
+            s.end(guest);
+            None
         }
-        None => None,
     };
+    for other in std::mem::take(spares) {
+        if other.env == env {
+            spares.push(other);
+        } else {
+            other.end(guest);
+        }
+    }
     let started = match ready {
         Some(started) => Ok(started),
-        None => start(guest, env),
+        None => start(guest, env, false),
     };
+    if let Some(early) = early {
+        while *early && spares.len() < EARLY_DEPTH {
+            match Spare::start_early(guest, env) {
+                Some(s) => spares.push(s),
+                None => *early = false,
+            }
+        }
+    }
     let Ok(started) = started else {
         return Ran {
             exit: EXIT_NOT_STARTED,

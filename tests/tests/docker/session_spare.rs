@@ -1,20 +1,25 @@
 //! The node a session's agent starts ahead for the next snippet (issue 15 item 2): the next
 //! ungranted snippet runs on it, it is a fresh process that carries nothing of earlier calls,
 //! no guest process can write what it will run or read its memory, and one that was tampered
-//! with is never used. It starts after the snippet's sweep (under runsc once the session is
-//! idle); both are in place after a pause, when a project call's step looks for it.
+//! with is never used. Under runc two are kept ahead, started beside the call from a copy of
+//! node the guest cannot read (so never dumpable, even while the call's code runs); under
+//! runsc one starts once the session is idle after the sweep. After a pause a project call's
+//! step finds the oldest.
 
 use super::session::{cell, close_as, open, session_run_as, sessions};
 use super::*;
 
-/// A project step's program: waits (up to 4 s) for a `node -` of the guest, the next
-/// snippet's node; prints its pid and, with an argument, what each attempt on it came to.
+/// A project step's program: waits (up to 4 s) for a `node -` of the guest and takes the
+/// oldest, the next snippet's node; prints its pid and, with an argument, what each attempt on it came to.
 const FIND_AND_ATTACK: &str = r#"
 const fs = require('fs'), cp = require('child_process');
 const node = (p) => { try { return fs.readFileSync(`/proc/${p}/cmdline`, 'latin1') === 'node\u0000-\u0000'; } catch { return false; } };
+const waiting = () => fs.readdirSync('/proc').filter((p) => /^[0-9]+$/.test(p) && node(p)).map(Number);
 let spare = 0;
 for (let i = 0; i < 200 && !spare; i++) {
-  spare = Number(fs.readdirSync('/proc').find((p) => /^[0-9]+$/.test(p) && node(p)) || 0);
+  // The oldest (lowest pid: nothing here runs long enough for pids to wrap) serves next.
+  spare = Math.min(...waiting()) || 0;
+  if (!Number.isFinite(spare)) spare = 0;
   if (!spare) cp.execSync('sleep 0.02');
 }
 const r = { spare };
@@ -161,6 +166,65 @@ fn a_snippet_larger_than_the_sockets_buffer_runs_whole() {
         let ran = snippet_json(&d, &id, &code);
         assert_eq!(ran["length"].as_u64(), Some(250 * 1024), "{ran}");
         std::thread::sleep(Duration::from_millis(300));
+    }
+    assert_eq!(close_as(&d, None, &id).status, 200);
+}
+
+/// What a snippet's own code sees of the nodes started while it runs: for up to 2 s, every
+/// other `node -` of the guest, the owner of its `/proc` entries at first sight, and whether
+/// its memory or environment opens.
+const WATCH_BESIDE: &str = r#"
+const fs = require('fs'), cp = require('child_process');
+const node = (p) => { try { return fs.readFileSync(`/proc/${p}/cmdline`, 'latin1') === 'node\u0000-\u0000'; } catch { return false; } };
+const seen = {};
+const until = Date.now() + 2000;
+while (Date.now() < until && Object.keys(seen).length < 2) {
+  for (const p of fs.readdirSync('/proc')) {
+    if (!/^[0-9]+$/.test(p) || Number(p) === process.pid || seen[p] || !node(p)) continue;
+    const r = { owner: (() => { try { return fs.statSync(`/proc/${p}/status`).uid; } catch (e) { return e.code; } })() };
+    const attempt = (name, f) => { try { f(); r[name] = 'done'; } catch (e) { r[name] = e.code || String(e); } };
+    attempt('mem', () => fs.closeSync(fs.openSync(`/proc/${p}/mem`, 'r')));
+    attempt('environ', () => fs.readFileSync(`/proc/${p}/environ`));
+    seen[p] = r;
+  }
+  cp.execSync('sleep 0.01');
+}
+console.log(JSON.stringify(Object.values(seen)));
+"#;
+
+/// Under runc the next snippets' nodes start while this snippet's code runs, and that code
+/// finds each already sealed: root's `/proc` entries, memory and environment closed, from
+/// the first moment it can see them. Under runsc none starts beside running code.
+#[test]
+fn nodes_started_beside_a_running_snippet_are_sealed_from_their_start() {
+    require_docker!();
+    let d = sessions();
+    let (id, _) = open(&d, json!({}));
+    let resp = session_run_as(
+        &d,
+        None,
+        &id,
+        json!({ "javascript": { "code": WATCH_BESIDE } }),
+    );
+    assert_eq!(resp.status, 200, "{resp}");
+    let run = &resp.json()["run"]["javascript"];
+    assert_eq!(run["exitCode"].as_i64().unwrap_or(0), 0, "{run}");
+    let seen: Vec<Value> = serde_json::from_str(field(run, "stdout").trim())
+        .unwrap_or_else(|e| panic!("one JSON line ({e}): {run}"));
+    if runtime() == "runsc" {
+        assert!(
+            seen.is_empty(),
+            "no node starts beside code under runsc: {seen:?}"
+        );
+    } else {
+        assert_eq!(seen.len(), 2, "two nodes started beside the call: {seen:?}");
+        for node in &seen {
+            assert_eq!(node["owner"], 0, "{seen:?}");
+            for attempt in ["mem", "environ"] {
+                let got = node[attempt].as_str().unwrap_or("?");
+                assert!(["EACCES", "EPERM"].contains(&got), "{attempt}: {seen:?}");
+            }
+        }
     }
     assert_eq!(close_as(&d, None, &id).status, 200);
 }

@@ -34,20 +34,22 @@ const AGENT_DIR: &str = "/";
 /// How long the agent may take to start and say it is ready.
 const START_BUDGET: Duration = Duration::from_secs(30);
 
-/// When the agent starts the next snippet's node, always after this call's sweep came out
-/// clean (no code of the call alive, every other guest process held stopped meanwhile).
+/// When the agent starts the next snippet's node ahead.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) enum SpareStart {
-    /// Right after the sweep.
-    Swept,
-    /// Once no request has come for 50 ms after the sweep.
+    /// Under runc: two kept ahead, topped up as each snippet's node takes its code (beside
+    /// the call: from the run-only copy of node, non-dumpable from its exec, which the agent
+    /// checks of each), and one right after a clean sweep when none waits.
+    Early,
+    /// Once no request has come for 50 ms after a clean sweep, every other guest process
+    /// held stopped until its guard has run.
     Idle,
 }
 
 impl SpareStart {
     fn as_str(self) -> &'static str {
         match self {
-            SpareStart::Swept => "swept",
+            SpareStart::Early => "early",
             SpareStart::Idle => "idle",
         }
     }

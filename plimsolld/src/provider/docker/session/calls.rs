@@ -43,11 +43,12 @@ impl DockerSession {
         env.extend(grant_env);
         // A granted call's node is never started ahead: its grant is this call's. Under
         // gVisor a node's start is slow and CPU-bound, and one starting beside the next call
-        // slows that call on a small machine: there it starts only once the session is idle.
+        // slows that call on a small machine; nor does gVisor make a node from a file its uid
+        // cannot read non-dumpable at its exec: there it starts only once the session is idle.
         let spare = match grant {
             Some(_) => None,
             None if self.settings.runtime.is_runsc() => Some(SpareStart::Idle),
-            None => Some(SpareStart::Swept),
+            None => Some(SpareStart::Early),
         };
         let began = Instant::now();
         let Some(agent) = self.agent.get_mut().ok().and_then(Option::as_mut) else {
