@@ -10,7 +10,8 @@ use super::session::{cell, close_as, open, session_run_as, sessions};
 use super::*;
 
 /// A project step's program: waits (up to 4 s) for a `node -` of the guest and takes the
-/// oldest, the next snippet's node; prints its pid and, with an argument, what each attempt on it came to.
+/// oldest, the next snippet's node; prints its pid and, with an argument, what each attempt
+/// on it came to.
 const FIND_AND_ATTACK: &str = r#"
 const fs = require('fs'), cp = require('child_process');
 const node = (p) => { try { return fs.readFileSync(`/proc/${p}/cmdline`, 'latin1') === 'node\u0000-\u0000'; } catch { return false; } };
@@ -18,8 +19,8 @@ const waiting = () => fs.readdirSync('/proc').filter((p) => /^[0-9]+$/.test(p) &
 let spare = 0;
 for (let i = 0; i < 200 && !spare; i++) {
   // The oldest (lowest pid: nothing here runs long enough for pids to wrap) serves next.
-  spare = Math.min(...waiting()) || 0;
-  if (!Number.isFinite(spare)) spare = 0;
+  const all = waiting();
+  spare = all.length ? Math.min(...all) : 0;
   if (!spare) cp.execSync('sleep 0.02');
 }
 const r = { spare };
@@ -200,17 +201,10 @@ fn nodes_started_beside_a_running_snippet_are_sealed_from_their_start() {
     require_docker!();
     let d = sessions();
     let (id, _) = open(&d, json!({}));
-    let resp = session_run_as(
-        &d,
-        None,
-        &id,
-        json!({ "javascript": { "code": WATCH_BESIDE } }),
-    );
-    assert_eq!(resp.status, 200, "{resp}");
-    let run = &resp.json()["run"]["javascript"];
-    assert_eq!(run["exitCode"].as_i64().unwrap_or(0), 0, "{run}");
-    let seen: Vec<Value> = serde_json::from_str(field(run, "stdout").trim())
-        .unwrap_or_else(|e| panic!("one JSON line ({e}): {run}"));
+    let seen = snippet_json(&d, &id, WATCH_BESIDE);
+    let seen = seen
+        .as_array()
+        .unwrap_or_else(|| panic!("a list of the nodes seen: {seen}"));
     if runtime() == "runsc" {
         assert!(
             seen.is_empty(),
@@ -218,7 +212,7 @@ fn nodes_started_beside_a_running_snippet_are_sealed_from_their_start() {
         );
     } else {
         assert_eq!(seen.len(), 2, "two nodes started beside the call: {seen:?}");
-        for node in &seen {
+        for node in seen {
             assert_eq!(node["owner"], 0, "{seen:?}");
             for attempt in ["mem", "environ"] {
                 let got = node[attempt].as_str().unwrap_or("?");
