@@ -144,11 +144,12 @@ impl Spare {
         }
     }
 
-    /// A spare started beside a running call, from [`SEALED_NODE`]; none (and it is ended)
-    /// unless it is non-dumpable the moment its exec has returned.
-    fn start_early(guest: u32, env: &[(String, String)]) -> Option<Spare> {
+    /// A spare started beside a running call, from [`SEALED_NODE`]; `Ok(None)` (and it is
+    /// ended) unless it is non-dumpable the moment its exec has returned, `Err` when no node
+    /// could start at all (then nothing was sealed or not).
+    fn start_early(guest: u32, env: &[(String, String)]) -> io::Result<Option<Spare>> {
         // std's spawn returns once the exec has succeeded.
-        let started = start(guest, env, true).ok()?;
+        let started = start(guest, env, true)?;
         let mut spare = Spare {
             started,
             env: env.to_vec(),
@@ -156,10 +157,10 @@ impl Spare {
         let pid = spare.started.child.id();
         let alive = matches!(spare.started.child.try_wait(), Ok(None));
         if alive && procs::owner_is_root(pid) {
-            Some(spare)
+            Ok(Some(spare))
         } else {
             spare.end(guest);
-            None
+            Ok(None)
         }
     }
 
@@ -271,7 +272,7 @@ fn same_as_agent(pid: &str) -> bool {
 /// Runs one snippet with the environment `env` ([`environment`]), on the oldest of `spares`
 /// when it can serve it (else that one is ended, and so is every spare for another
 /// environment). With `early` still true, spares are topped up to [`EARLY_DEPTH`] beside
-/// the call; one that cannot be started sealed sets it false.
+/// the call; one that starts but not sealed sets it false.
 pub fn snippet(
     guest: u32,
     code: &[u8],
@@ -307,11 +308,14 @@ pub fn snippet(
         Some(started) => Ok(started),
         None => start(guest, env, false),
     };
-    if let Some(early) = early {
+    // Only a node that started and was not sealed ends early starts for the session; one that
+    // could not start (the guest may have closed /work to itself) is tried again next call.
+    if let (Some(early), Ok(_)) = (early, &started) {
         while *early && spares.len() < EARLY_DEPTH {
             match Spare::start_early(guest, env) {
-                Some(s) => spares.push(s),
-                None => *early = false,
+                Ok(Some(s)) => spares.push(s),
+                Ok(None) => *early = false,
+                Err(_) => break,
             }
         }
     }

@@ -222,3 +222,55 @@ fn nodes_started_beside_a_running_snippet_are_sealed_from_their_start() {
     }
     assert_eq!(close_as(&d, None, &id).status, 200);
 }
+
+/// A node that cannot start at all (the guest closed /work to itself, so node's change into it
+/// fails) does not end the nodes kept ahead for later calls, as a node that started unsealed
+/// would: once /work is open again, the next snippet's own code sees two more start beside it
+/// (runc). Under runsc none starts beside code, before or after.
+#[test]
+fn a_node_that_cannot_start_does_not_end_the_nodes_kept_ahead() {
+    require_docker!();
+    let d = sessions();
+    let (id, _) = open(&d, json!({}));
+    assert_eq!(snippet_json(&d, &id, "console.log('{}')"), json!({}));
+    let closed = cell(
+        &d,
+        &id,
+        "python",
+        "import os; os.chmod('/work', 0); oct(os.stat('/work').st_mode & 0o777)",
+    );
+    assert_eq!(field(&closed, "stdout"), "'0o0'\n", "{closed}");
+    // Under runc this runs on a node started ahead while /work was open; the top-up beside it
+    // cannot start (under runsc the node started after the last sweep serves it, or, if none
+    // waited, its own start fails: either answer is fine here, the session must go on).
+    let beside = session_run_as(
+        &d,
+        None,
+        &id,
+        json!({ "javascript": { "code": "console.log('{}')" } }),
+    );
+    assert_eq!(beside.status, 200, "{beside}");
+    if runtime() != "runsc" {
+        assert_eq!(
+            field(&beside.json()["run"]["javascript"], "stdout"),
+            "{}\n",
+            "{beside}"
+        );
+    }
+    let opened = cell(&d, &id, "python", "os.chmod('/work', 0o755)");
+    assert_eq!(opened["exitCode"].as_i64().unwrap_or(0), 0, "{opened}");
+    let seen = snippet_json(&d, &id, WATCH_BESIDE);
+    let seen = seen
+        .as_array()
+        .unwrap_or_else(|| panic!("a list of the nodes seen: {seen}"));
+    let expected = if runtime() == "runsc" { 0 } else { 2 };
+    assert_eq!(
+        seen.len(),
+        expected,
+        "nodes started beside the call: {seen:?}"
+    );
+    for node in seen {
+        assert_eq!(node["owner"], 0, "{seen:?}");
+    }
+    assert_eq!(close_as(&d, None, &id).status, 200);
+}
