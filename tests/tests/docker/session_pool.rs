@@ -291,6 +291,71 @@ fn a_pooled_python_kernel_loads_asyncio_on_demand_with_its_one_loop() {
     stop(d);
 }
 
+/// An idle pooled kernel holds no more than it must (python: neither json, ast, socket nor
+/// traceback; JavaScript: its parser comes with the first cell that may need it), and what it
+/// loads later for itself comes from the standard library even when the guest's work
+/// directory holds files of the same names.
+#[test]
+fn pooled_kernels_load_their_helpers_late_and_from_their_own_library() {
+    require_docker!();
+    let d = pooled("1", "2");
+    wait_warm(&d, "one member", |w| total(w) == 1);
+    let (id, _) = open(&d, json!({}));
+    // Files in /work named like modules the python kernel has not loaded yet.
+    let shadow = "const fs = require('fs');\n\
+        for (const m of ['json', 'traceback', 're']) fs.writeFileSync(`${m}.py`, 'raise SystemExit(\"shadowed\")\\n');";
+    let planted =
+        super::session::session_run_as(&d, None, &id, json!({ "javascript": { "code": shadow } }));
+    assert_eq!(planted.status, 200, "{planted}");
+    let python = [
+        (
+            "import sys\nsorted(m for m in ('ast', 'socket', 'json', 'traceback', 're') if m in sys.modules)",
+            "[]\n",
+        ),
+        ("{'a': [1, 2.5, None, 'b']}", "{'a': [1, 2.5, None, 'b']}\n"),
+    ];
+    for (code, stdout) in python {
+        let run = cell_run(&d, &id, "python", code);
+        assert_eq!(
+            super::field(&run["cell"], "stdout"),
+            stdout,
+            "{code}: {run}"
+        );
+        assert_eq!(super::field(&run["cell"], "stderr"), "", "{code}: {run}");
+    }
+    let raised = cell_run(&d, &id, "python", "def f():\n    return 1 / 0\nf()");
+    let stderr = super::field(&raised["cell"], "stderr");
+    assert!(
+        stderr.starts_with("Traceback (most recent call last):")
+            && stderr.contains("line 2, in f")
+            && stderr.ends_with("ZeroDivisionError: division by zero\n"),
+        "{raised}"
+    );
+    // JavaScript: a first cell with nothing to rewrite, then declarations that later cells see
+    // and may declare again, and a top-level await.
+    let javascript = [
+        ("typeof seen", "'undefined'\n"),
+        ("const seen = 6 * 7", ""),
+        ("class Box {}\nlet seen = new Box() instanceof Box", ""),
+        ("seen", "true\n"),
+        (
+            "await new Promise((r) => setTimeout(() => r(seen), 10))",
+            "true\n",
+        ),
+    ];
+    for (code, stdout) in javascript {
+        let run = cell_run(&d, &id, "javascript", code);
+        assert_eq!(
+            super::field(&run["cell"], "stdout"),
+            stdout,
+            "{code}: {run}"
+        );
+        assert_eq!(super::field(&run["cell"], "stderr"), "", "{code}: {run}");
+    }
+    assert_eq!(close_as(&d, None, &id).status, 200);
+    stop(d);
+}
+
 #[test]
 fn concurrent_opens_never_share_a_member() {
     require_docker!();
@@ -435,6 +500,7 @@ fn bench_session_pool_open_and_first_python_cell() {
         .iter()
         .map(|id| member_memory::measure(id))
         .collect();
+    let running = running_containers();
     let pool = describe_pool(&pooled_d);
     stop(pooled_d);
     stop(plain);
@@ -455,12 +521,22 @@ fn bench_session_pool_open_and_first_python_cell() {
         counter(&pool, "claims"),
         counter(&pool, "misses"),
     );
-    print_members("javascript,python", &members);
+    print_members("javascript,python", &members, running);
+}
+
+/// How many containers run on the host: another one's processes share node's and python's
+/// text with the members and so lower their PSS, which makes figures taken beside it
+/// incomparable.
+fn running_containers() -> usize {
+    let (ok, out) = docker(&["ps", "-q"]);
+    assert!(ok, "{out}");
+    out.lines().filter(|l| !l.trim().is_empty()).count()
 }
 
 /// Each idle member's PSS and private memory, then the first one's breakdown by process;
-/// `warm` names what the members have warm.
-fn print_members(warm: &str, members: &[member_memory::Member]) {
+/// `warm` names what the members have warm, `running` how many containers ran on the host
+/// when they were measured.
+fn print_members(warm: &str, members: &[member_memory::Member], running: usize) {
     let charged: Vec<f64> = members
         .iter()
         .map(member_memory::Member::charged_mib)
@@ -474,6 +550,7 @@ fn print_members(warm: &str, members: &[member_memory::Member]) {
         "bench session pool {} idle member warm for {warm} (MiB; its processes, its shim, under runsc its sandbox, gofer and stubs): charged {charged:.1?} PSS {pss:.1?} private {private:.1?}",
         super::runtime(),
     );
+    println!("  containers running on the host when measured: {running} (the pool's own included)");
     if let Some(first) = members.first() {
         print!("{}", member_memory::breakdown(first));
     }
@@ -493,9 +570,10 @@ fn bench_session_pool_idle_member() {
         .iter()
         .map(|id| member_memory::measure(id))
         .collect();
+    let running = running_containers();
     stop(d);
     assert_eq!(members.len(), 2, "{members:?}");
-    print_members("javascript,python", &members);
+    print_members("javascript,python", &members, running);
 }
 
 /// A hinted pool (five members, the size from which members warm what opens ask for) after
@@ -523,8 +601,9 @@ fn bench_session_pool_idle_python_member() {
         .take(1)
         .map(|id| member_memory::measure(id))
         .collect();
+    let running = running_containers();
     stop(d);
     assert_eq!((python.len(), every.len()), (1, 1), "{python:?} {every:?}");
-    print_members("python", &python);
-    print_members("javascript,python", &every);
+    print_members("python", &python, running);
+    print_members("javascript,python", &every, running);
 }

@@ -29,13 +29,25 @@
   // How long a marker write may wait for the stream to drain (the code may have broken it).
   const FLUSH_MS = 1000;
 
+  // Node's own parser and its top-level await rewrite (the REPL's) are loaded by the first cell
+  // that may need them: loaded at start they hold about 2.5 MiB of every idle kernel (pool
+  // members may stay idle until ended), and a cell without these words needs neither.
+  const load = require;
+  const NEEDS_PARSER = /\b(?:let|const|class|await)\b/;
   let acorn = null;
   let topLevelAwait = null;
-  try {
-    acorn = require('internal/deps/acorn/acorn/dist/acorn');
-    ({ processTopLevelAwait: topLevelAwait } = require('internal/repl/await'));
-  } catch {
-    // Without the internals cells run unrewritten.
+  let loaded = false;
+  function loadParser() {
+    if (loaded) return;
+    loaded = true;
+    try {
+      acorn = load('internal/deps/acorn/acorn/dist/acorn');
+      ({ processTopLevelAwait: topLevelAwait } = load('internal/repl/await'));
+    } catch {
+      // Without the internals cells run unrewritten.
+      acorn = null;
+      topLevelAwait = null;
+    }
   }
 
   globalThis.require = createRequire(path.join(process.cwd(), '[cell]'));
@@ -59,7 +71,7 @@
     }
     const edits = [];
     for (const node of tree.body) {
-      if (node.type === 'VariableDeclaration' && node.kind !== 'var') {
+      if (node.type === 'VariableDeclaration' && (node.kind === 'let' || node.kind === 'const')) {
         edits.push([node.start, node.start + node.kind.length, 'var']);
       } else if (node.type === 'ClassDeclaration' && node.id) {
         edits.push([node.end, node.end, ';']);
@@ -112,6 +124,7 @@
     const filename = `cell${cellNumber}.js`;
     let source = code;
     let awaited = false;
+    if (NEEDS_PARSER.test(code)) loadParser();
     if (topLevelAwait !== null) {
       try {
         const wrapped = topLevelAwait(code);

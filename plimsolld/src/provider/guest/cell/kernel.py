@@ -14,20 +14,22 @@
 # something needs it: a cell's top-level await, or the first import of asyncio by a cell, which
 # a one-shot import hook completes by making and setting the kernel's loop, so that a cell's
 # asyncio.get_event_loop() returns it exactly as if asyncio had been imported at start.
+# For the same reason an idle kernel holds only built-in modules and a few small ones: it uses
+# _ast, _json and _socket (what ast, json and socket wrap; ast, with enum, is 1.9 MiB), checks
+# the nonce without re, and imports traceback at the first error: about 2 MiB less per idle
+# kernel, which a pool member may stay until it is ended.
 
 
 def _plimsoll_kernel():
+    import _ast
+    import _json
+    import _socket
     import _thread
-    import ast
     import builtins
     import importlib.machinery
-    import json
     import linecache
     import os
-    import re
-    import socket
     import sys
-    import traceback
     import types
 
     kernel_dir = sys.argv[1]
@@ -47,8 +49,8 @@ def _plimsoll_kernel():
     main_thread = _thread.get_ident()
     # inspect.CO_COROUTINE, without importing inspect.
     co_coroutine = 0x0080
-    flags = ast.PyCF_ALLOW_TOP_LEVEL_AWAIT
-    nonce_shape = re.compile(r"[0-9a-f]{32}\Z")
+    flags = _ast.PyCF_ALLOW_TOP_LEVEL_AWAIT
+    hex_digits = frozenset("0123456789abcdef")
 
     def flush():
         for stream in (sys.stdout, sys.stderr, sys.__stdout__, sys.__stderr__):
@@ -132,16 +134,51 @@ def _plimsoll_kernel():
     def run_cell(number, source):
         filename = "<cell %d>" % number
         linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
-        tree = ast.parse(source, filename, "exec")
+        # What ast.parse does, without importing ast.
+        tree = compile(source, filename, "exec", _ast.PyCF_ONLY_AST, dont_inherit=True)
         last = None
-        if tree.body and isinstance(tree.body[-1], ast.Expr):
-            last = ast.Expression(tree.body.pop().value)
-        evaluate(ast.Module(tree.body, type_ignores=[]), "exec", filename)
+        if tree.body and isinstance(tree.body[-1], _ast.Expr):
+            last = _ast.Expression(tree.body.pop().value)
+        evaluate(_ast.Module(tree.body, type_ignores=[]), "exec", filename)
         if last is not None:
             value = evaluate(last, "eval", filename)
             if value is not None:
                 namespace["_"] = value
                 print(repr(value))
+
+    def reject_constant(name):
+        raise ValueError("%s is not JSON" % name)
+
+    # The request line is decoded by json's own C scanner: importing json (with re) would cost
+    # an idle kernel about 1 MiB and the first cell some 15 ms.
+    scan_json = _json.make_scanner(
+        types.SimpleNamespace(
+            strict=True,
+            object_hook=None,
+            object_pairs_hook=None,
+            parse_float=float,
+            parse_int=int,
+            parse_constant=reject_constant,
+        )
+    )
+    tracebacks = []
+
+    def format_exception(error, tb):
+        # traceback is imported at the first error, with the working directory off the path so
+        # that a file of that name there does not stand in for it.
+        if not tracebacks:
+            try:
+                here = os.getcwd()
+            except OSError:
+                here = ""
+            saved = list(sys.path)
+            sys.path[:] = [entry for entry in saved if entry not in ("", here)]
+            try:
+                import traceback
+            finally:
+                sys.path[:] = saved
+            tracebacks.append(traceback)
+        return "".join(tracebacks[0].format_exception(type(error), error, tb))
 
     def print_error(error, number):
         filename = "<cell %d>" % number
@@ -150,7 +187,7 @@ def _plimsoll_kernel():
         while tb is not None and tb.tb_frame.f_code.co_filename != filename:
             tb = tb.tb_next
         try:
-            text = "".join(traceback.format_exception(type(error), error, tb))
+            text = format_exception(error, tb)
             sys.stderr.write(text)
         except BaseException:
             try:
@@ -165,9 +202,17 @@ def _plimsoll_kernel():
             if not piece:
                 return None
             data += piece
-        cell = json.loads(data.split(b"\n", 1)[0])
+        line = data.split(b"\n", 1)[0].decode()
+        start = len(line) - len(line.lstrip(" \t\r"))
+        cell, end = scan_json(line, start)
+        if line[end:].strip(" \t\r"):
+            return None
+        if not isinstance(cell, dict):
+            return None
         nonce, code = cell.get("nonce"), cell.get("code")
-        if not isinstance(nonce, str) or not nonce_shape.match(nonce) or not isinstance(code, str):
+        if not isinstance(nonce, str) or len(nonce) != 32 or not hex_digits.issuperset(nonce):
+            return None
+        if not isinstance(code, str):
             return None
         return nonce, code
 
@@ -190,7 +235,7 @@ def _plimsoll_kernel():
                 os.close(opened)
 
     ctl = os.path.join(kernel_dir, "ctl.sock")
-    server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    server = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)
     server.bind(ctl)
     server.listen(64)
     ready = os.path.join(kernel_dir, "ready")
@@ -202,7 +247,9 @@ def _plimsoll_kernel():
     while True:
         plug_standard_fds()
         try:
-            conn, _ = server.accept()
+            # _socket's accept gives a descriptor (opened close-on-exec, blocking).
+            fd, _ = server._accept()
+            conn = _socket.socket(fileno=fd)
         except InterruptedError:
             continue
         except BaseException:
@@ -230,7 +277,7 @@ def _plimsoll_kernel():
             print_error(error, number)
         marker("\0plimsoll-cell-end-%s\0" % nonce)
         try:
-            conn.sendall(json.dumps({"status": status}).encode() + b"\n")
+            conn.sendall(('{"status": "%s"}\n' % status).encode())
         except BaseException:
             pass
         try:
