@@ -127,6 +127,19 @@ fn cell_run(d: &Daemon, id: &str, language: &str, code: &str) -> Value {
     resp.json()["run"].clone()
 }
 
+/// Runs each cell in turn: each must print exactly its `stdout` and nothing on stderr.
+fn cells_print(d: &Daemon, id: &str, language: &str, cells: &[(&str, &str)]) {
+    for (code, stdout) in cells {
+        let run = cell_run(d, id, language, code);
+        assert_eq!(
+            super::field(&run["cell"], "stdout"),
+            *stdout,
+            "{code}: {run}"
+        );
+        assert_eq!(super::field(&run["cell"], "stderr"), "", "{code}: {run}");
+    }
+}
+
 fn container_of(run: &Value) -> String {
     run["instance"]
         .as_str()
@@ -267,15 +280,7 @@ fn a_pooled_python_kernel_loads_asyncio_on_demand_with_its_one_loop() {
             "True\n",
         ),
     ];
-    for (code, stdout) in cells {
-        let run = cell_run(&d, &id, "python", code);
-        assert_eq!(
-            super::field(&run["cell"], "stdout"),
-            stdout,
-            "{code}: {run}"
-        );
-        assert_eq!(super::field(&run["cell"], "stderr"), "", "{code}: {run}");
-    }
+    cells_print(&d, &id, "python", &cells);
     // A first top-level await, with no import of asyncio by the cell, in a fresh session.
     assert_eq!(close_as(&d, None, &id).status, 200);
     wait_warm(&d, "one member", |w| total(w) == 1);
@@ -314,15 +319,7 @@ fn pooled_kernels_load_their_helpers_late_and_from_their_own_library() {
         ),
         ("{'a': [1, 2.5, None, 'b']}", "{'a': [1, 2.5, None, 'b']}\n"),
     ];
-    for (code, stdout) in python {
-        let run = cell_run(&d, &id, "python", code);
-        assert_eq!(
-            super::field(&run["cell"], "stdout"),
-            stdout,
-            "{code}: {run}"
-        );
-        assert_eq!(super::field(&run["cell"], "stderr"), "", "{code}: {run}");
-    }
+    cells_print(&d, &id, "python", &python);
     let raised = cell_run(&d, &id, "python", "def f():\n    return 1 / 0\nf()");
     let stderr = super::field(&raised["cell"], "stderr");
     assert!(
@@ -343,15 +340,7 @@ fn pooled_kernels_load_their_helpers_late_and_from_their_own_library() {
             "true\n",
         ),
     ];
-    for (code, stdout) in javascript {
-        let run = cell_run(&d, &id, "javascript", code);
-        assert_eq!(
-            super::field(&run["cell"], "stdout"),
-            stdout,
-            "{code}: {run}"
-        );
-        assert_eq!(super::field(&run["cell"], "stderr"), "", "{code}: {run}");
-    }
+    cells_print(&d, &id, "javascript", &javascript);
     assert_eq!(close_as(&d, None, &id).status, 200);
     stop(d);
 }
