@@ -166,7 +166,8 @@ struct Agent {
     /// when no code of a call is alive.
     swept_clean: bool,
     /// Whether nodes may still be started beside a call (`early`): false for the agent's
-    /// life once one was not non-dumpable from its exec, or could not be started.
+    /// life once one started and was not non-dumpable from its exec (one that could not
+    /// start at all leaves it true).
     early: bool,
 }
 

@@ -193,6 +193,15 @@ while (Date.now() < until && Object.keys(seen).length < 2) {
 console.log(JSON.stringify(Object.values(seen)));
 "#;
 
+/// Runs [`WATCH_BESIDE`] as a snippet: what its code saw of each node started beside it.
+fn nodes_seen_beside(d: &Daemon, id: &str) -> Vec<Value> {
+    let seen = snippet_json(d, id, WATCH_BESIDE);
+    match seen {
+        Value::Array(nodes) => nodes,
+        other => panic!("a list of the nodes seen: {other}"),
+    }
+}
+
 /// Under runc the next snippets' nodes start while this snippet's code runs, and that code
 /// finds each already sealed: root's `/proc` entries, memory and environment closed, from
 /// the first moment it can see them. Under runsc none starts beside running code.
@@ -201,10 +210,7 @@ fn nodes_started_beside_a_running_snippet_are_sealed_from_their_start() {
     require_docker!();
     let d = sessions();
     let (id, _) = open(&d, json!({}));
-    let seen = snippet_json(&d, &id, WATCH_BESIDE);
-    let seen = seen
-        .as_array()
-        .unwrap_or_else(|| panic!("a list of the nodes seen: {seen}"));
+    let seen = nodes_seen_beside(&d, &id);
     if runtime() == "runsc" {
         assert!(
             seen.is_empty(),
@@ -212,7 +218,7 @@ fn nodes_started_beside_a_running_snippet_are_sealed_from_their_start() {
         );
     } else {
         assert_eq!(seen.len(), 2, "two nodes started beside the call: {seen:?}");
-        for node in seen {
+        for node in &seen {
             assert_eq!(node["owner"], 0, "{seen:?}");
             for attempt in ["mem", "environ"] {
                 let got = node[attempt].as_str().unwrap_or("?");
@@ -259,17 +265,14 @@ fn a_node_that_cannot_start_does_not_end_the_nodes_kept_ahead() {
     }
     let opened = cell(&d, &id, "python", "os.chmod('/work', 0o755)");
     assert_eq!(opened["exitCode"].as_i64().unwrap_or(0), 0, "{opened}");
-    let seen = snippet_json(&d, &id, WATCH_BESIDE);
-    let seen = seen
-        .as_array()
-        .unwrap_or_else(|| panic!("a list of the nodes seen: {seen}"));
+    let seen = nodes_seen_beside(&d, &id);
     let expected = if runtime() == "runsc" { 0 } else { 2 };
     assert_eq!(
         seen.len(),
         expected,
         "nodes started beside the call: {seen:?}"
     );
-    for node in seen {
+    for node in &seen {
         assert_eq!(node["owner"], 0, "{seen:?}");
     }
     assert_eq!(close_as(&d, None, &id).status, 200);
