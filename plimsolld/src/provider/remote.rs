@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use plimsoll::refusal::Refusal;
 use plimsoll::tier::IsolationTier;
-use plimsoll::wire::{Artifact, ProjectOutcome, ProjectResult, StepResult};
+use plimsoll::wire::{Artifact, ProjectFile, ProjectOutcome, ProjectResult, StepResult};
 use serde::Deserialize;
 
 use super::docker::project::{DEFAULT_TIMEOUT, MAX_TIMEOUT};
@@ -202,6 +202,41 @@ fn duration_ms(d: Duration) -> u32 {
     u32::try_from(d.as_millis()).unwrap_or(u32::MAX)
 }
 
+/// The path of step `i`'s script in a VM.
+pub fn step_script(i: usize) -> String {
+    format!("/tmp/plimsoll-step-{i}.sh")
+}
+
+/// What a project stages in one upload: its files under `project_dir` (an empty `.plimsoll`
+/// there when it has none, so the directory every step runs in exists), each step's script,
+/// and a granted project's client library as `(path, text)`.
+pub fn staged_files(
+    files: &[ProjectFile],
+    steps: &[String],
+    project_dir: &str,
+    library: Option<(&str, &str)>,
+) -> Vec<(String, Vec<u8>)> {
+    let mut staged: Vec<(String, Vec<u8>)> = files
+        .iter()
+        .map(|f| {
+            (
+                format!("{project_dir}/{}", f.path),
+                f.content.as_bytes().to_vec(),
+            )
+        })
+        .collect();
+    if staged.is_empty() {
+        staged.push((format!("{project_dir}/.plimsoll"), Vec::new()));
+    }
+    for (i, step) in steps.iter().enumerate() {
+        staged.push((step_script(i), step.as_bytes().to_vec()));
+    }
+    if let Some((path, text)) = library {
+        staged.push((path.to_owned(), text.as_bytes().to_vec()));
+    }
+    staged
+}
+
 /// What reading one artifact gave.
 pub enum Read {
     Content(Vec<u8>),
@@ -306,4 +341,64 @@ pub fn no_guard(id: &str, variable: &str) -> ProviderError {
     ProviderError::Refused(Refusal::Unsupported(format!(
         "the {id} provider reaches grants only through the guard ({variable}); nothing ran"
     )))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn files(paths: &[&str]) -> Vec<ProjectFile> {
+        paths
+            .iter()
+            .map(|path| ProjectFile {
+                path: (*path).to_owned(),
+                content: format!("// {path}"),
+                ..Default::default()
+            })
+            .collect()
+    }
+
+    fn steps() -> Vec<String> {
+        vec!["make".to_owned(), "make test".to_owned()]
+    }
+
+    fn paths(files: &[(String, Vec<u8>)]) -> Vec<&str> {
+        files.iter().map(|(path, _)| path.as_str()).collect()
+    }
+
+    #[test]
+    fn a_project_with_files_stages_them_its_steps_and_its_library() {
+        let staged = staged_files(
+            &files(&["a/b.js"]),
+            &steps(),
+            "/p",
+            Some(("/tmp/lib.mjs", "x")),
+        );
+        assert_eq!(
+            paths(&staged),
+            [
+                "/p/a/b.js",
+                "/tmp/plimsoll-step-0.sh",
+                "/tmp/plimsoll-step-1.sh",
+                "/tmp/lib.mjs"
+            ]
+        );
+        assert_eq!(staged[0].1, b"// a/b.js");
+        assert_eq!(staged[2].1, b"make test");
+        assert_eq!(staged[3].1, b"x");
+    }
+
+    #[test]
+    fn a_project_without_files_still_gets_its_directory() {
+        let staged = staged_files(&[], &steps(), "/p", None);
+        assert_eq!(
+            paths(&staged),
+            [
+                "/p/.plimsoll",
+                "/tmp/plimsoll-step-0.sh",
+                "/tmp/plimsoll-step-1.sh"
+            ]
+        );
+        assert!(staged[0].1.is_empty());
+    }
 }

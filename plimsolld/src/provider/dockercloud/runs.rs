@@ -130,11 +130,6 @@ pub async fn snippet(
     run(sandbox, &["node", SNIPPET_FILE], "/tmp", left).await
 }
 
-/// The path of step `i`'s script.
-fn step_script(i: usize) -> String {
-    format!("/tmp/plimsoll-step-{i}.sh")
-}
-
 /// Every directory the files need, parents first.
 fn directories(files: &[(String, Vec<u8>)]) -> Vec<String> {
     let mut dirs = BTreeSet::new();
@@ -159,24 +154,13 @@ pub async fn project(
     library: Option<&str>,
 ) -> Result<ProjectResult, RunError> {
     let started = Instant::now();
-    let mut files: Vec<(String, Vec<u8>)> = plan
-        .files
-        .iter()
-        .map(|f| {
-            (
-                format!("{PROJECT_DIR}/{}", f.path),
-                f.content.as_bytes().to_vec(),
-            )
-        })
-        .collect();
-    files.push((format!("{PROJECT_DIR}/.plimsoll"), Vec::new()));
-    for (i, step) in plan.steps.iter().enumerate() {
-        files.push((step_script(i), step.as_bytes().to_vec()));
-    }
+    let files = remote::staged_files(
+        &plan.files,
+        &plan.steps,
+        PROJECT_DIR,
+        library.map(|l| (HOST_LIBRARY, l)),
+    );
     let node_options = format!("NODE_OPTIONS=--import {HOST_LIBRARY}");
-    if let Some(library) = library {
-        files.push((HOST_LIBRARY.to_owned(), library.as_bytes().to_vec()));
-    }
     let mut mkdir = vec!["mkdir", "-p", "--"];
     let dirs = directories(&files);
     mkdir.extend(dirs.iter().map(String::as_str));
@@ -208,7 +192,7 @@ pub async fn project(
             timed_out = true;
             break;
         }
-        let script = step_script(i);
+        let script = remote::step_script(i);
         let argv: Vec<&str> = match library {
             Some(_) => vec!["env", &node_options, "sh", &script],
             None => vec!["sh", &script],

@@ -145,11 +145,6 @@ async fn run_snippet(
     })
 }
 
-/// The path of step `i`'s script.
-pub fn step_script(i: usize) -> String {
-    format!("/tmp/plimsoll-step-{i}.sh")
-}
-
 /// Runs a project in `vm` within `budget`. Once the files are staged every ending is a
 /// result; only a VM lost before any step ran is an error. A granted project's steps load
 /// `library` (the guard client, no token) into every node they start.
@@ -160,32 +155,18 @@ pub async fn project(
     library: Option<&str>,
 ) -> Result<ProjectResult, RunError> {
     let started = Instant::now();
-    let mut files: Vec<(String, Vec<u8>)> = plan
-        .files
-        .iter()
-        .map(|f| {
-            (
-                format!("{PROJECT_DIR}/{}", f.path),
-                f.content.as_bytes().to_vec(),
-            )
-        })
-        .collect();
-    if files.is_empty() {
-        // The project directory (every step's cwd) exists even for a plan without files.
-        files.push((format!("{PROJECT_DIR}/.plimsoll"), Vec::new()));
-    }
-    for (i, step) in plan.steps.iter().enumerate() {
-        files.push((step_script(i), step.as_bytes().to_vec()));
-    }
+    let files = remote::staged_files(
+        &plan.files,
+        &plan.steps,
+        PROJECT_DIR,
+        library.map(|l| (HOST_LIBRARY, l)),
+    );
     let node_options = format!("--import {HOST_LIBRARY}");
     let envs: Vec<(&str, &str)> = match library {
-        Some(library) => {
-            files.push((HOST_LIBRARY.to_owned(), library.as_bytes().to_vec()));
-            vec![
-                ("NODE_OPTIONS", node_options.as_str()),
-                ("NODE_EXTRA_CA_CERTS", CA_BUNDLE),
-            ]
-        }
+        Some(_) => vec![
+            ("NODE_OPTIONS", node_options.as_str()),
+            ("NODE_EXTRA_CA_CERTS", CA_BUNDLE),
+        ],
         None => Vec::new(),
     };
     if let Err(e) = vm.envd.upload(&files).await {
@@ -202,7 +183,7 @@ pub async fn project(
             timed_out = true;
             break;
         }
-        let script = step_script(i);
+        let script = remote::step_script(i);
         let ran = vm
             .envd
             .run(&Command {
