@@ -17,6 +17,8 @@ use plimsoll_tests::dockercloud::{DockerCloudSim, dockercloud_ready};
 use plimsoll_tests::sim::{self, field, refused_run, send, snippet};
 use serde_json::{Value, json};
 
+#[path = "support/endings.rs"]
+mod endings;
 #[path = "support/verified.rs"]
 mod verified;
 
@@ -91,77 +93,7 @@ fn snippets_and_projects_run_in_fresh_sandboxes_at_tier_vm() {
     assert_eq!(field(&v["javascript"], "stdout"), "1\n", "{v}");
     assert_ne!(v["instance"], first.as_str());
 
-    let v = answered(&d, &snippet("process.exit(3)", 20_000));
-    assert_eq!(v["javascript"]["exitCode"], 3, "{v}");
-
-    // The deadline: the wrapper's timeout kills it and the answer says so.
-    let v = answered(&d, &snippet("for(;;){}", 2_000));
-    assert_eq!(v["javascript"]["timedOut"], true, "{v}");
-    assert_eq!(v["javascript"]["exitCode"], 124, "{v}");
-
-    // An output flood is cut at the cap and flagged.
-    let v = answered(
-        &d,
-        &snippet(
-            "process.stdout.write('x'.repeat(1 << 20)); process.stderr.write('e'.repeat(200000))",
-            20_000,
-        ),
-    );
-    let js = &v["javascript"];
-    assert_eq!(js["stdoutTruncated"], true, "{v}");
-    assert_eq!(js["stderrTruncated"], true, "{v}");
-    assert_eq!(field(js, "stdout").len(), 64 * 1024);
-    assert_eq!(field(js, "stderr").len(), 64 * 1024);
-
-    // A project: nested files (upload makes no parents), steps in the project directory.
-    let mut body = connect::project(
-        &[
-            ("main.js", "console.log(require('./lib/deep/answer.js'))"),
-            ("lib/deep/answer.js", "module.exports = 42"),
-        ],
-        &[
-            "node main.js > out.txt",
-            "cat out.txt && pwd",
-            "python3 -c 'print(7*6)'",
-        ],
-    );
-    body["project"]["artifacts"] = json!(["out.txt", "absent.txt"]);
-    body["timeoutMs"] = json!(60_000);
-    let v = answered(&d, &body);
-    assert_eq!(v["project"]["outcome"], "PROJECT_OUTCOME_COMPLETED", "{v}");
-    let steps = v["project"]["steps"]
-        .as_array()
-        .cloned()
-        .unwrap_or_default();
-    assert_eq!(steps.len(), 3, "{v}");
-    assert_eq!(
-        field(&steps[1], "stdout"),
-        "42\n/tmp/plimsoll-project\n",
-        "{v}"
-    );
-    assert_eq!(field(&steps[2], "stdout"), "42\n", "{v}");
-    let artifacts = v["project"]["artifacts"]
-        .as_array()
-        .cloned()
-        .unwrap_or_default();
-    assert_eq!(artifacts.len(), 1, "an absent artifact is left out: {v}");
-    assert_eq!(field(&artifacts[0], "content"), "42\n");
-
-    // A failing step stops the project.
-    let v = answered(&d, &connect::project(&[], &["exit 7", "echo never"]));
-    let steps = v["project"]["steps"]
-        .as_array()
-        .cloned()
-        .unwrap_or_default();
-    assert_eq!(steps.len(), 1, "the second step must not run: {v}");
-    assert_eq!(steps[0]["exitCode"], 7, "{v}");
-
-    // A step past the budget times the project out.
-    let mut body = connect::project(&[], &["sleep 30", "echo never"]);
-    body["timeoutMs"] = json!(3_000);
-    let v = answered(&d, &body);
-    assert_eq!(v["project"]["outcome"], "PROJECT_OUTCOME_TIMED_OUT", "{v}");
-    assert_eq!(v["project"]["steps"][0]["timedOut"], true, "{v}");
+    endings::snippet_and_project_endings(&d, "vm", "/tmp/plimsoll-project");
 
     cloud.wait_empty(Duration::from_secs(60));
     assert!(d.sigterm().success(), "{}", d.logs().join("\n"));

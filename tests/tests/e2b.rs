@@ -18,6 +18,8 @@ use plimsoll_tests::e2b::{E2bSim, e2b_ready};
 use plimsoll_tests::sim::{self, field, refused_run, send, snippet};
 use serde_json::{Value, json};
 
+#[path = "support/endings.rs"]
+mod endings;
 #[path = "support/verified.rs"]
 mod verified;
 
@@ -96,10 +98,6 @@ fn snippets_and_projects_run_in_fresh_vms_at_tier_vm() {
     assert_eq!(field(&v["javascript"], "stdout"), "user 1\n", "{v}");
     assert_ne!(v["instance"], instance.as_str());
 
-    // A non-zero exit is a result.
-    let v = answered(&d, &snippet("process.exit(3)", 20_000));
-    assert_eq!(v["javascript"]["exitCode"], 3, "{v}");
-
     // Small code travels with the process start, large code is uploaded first: either way
     // node runs the same file holding exactly the code (quotes, `$`, backslashes and all),
     // with the same argv and no trace in its environment.
@@ -117,82 +115,7 @@ fn snippets_and_projects_run_in_fresh_vms_at_tier_vm() {
         );
     }
 
-    // The deadline: envd's Connect-Timeout-Ms ends it and the answer says so.
-    let started = Instant::now();
-    let v = answered(&d, &snippet("for(;;){}", 1_500));
-    assert_eq!(v["javascript"]["timedOut"], true, "{v}");
-    assert_eq!(v["javascript"]["exitCode"], 124, "{v}");
-    assert!(
-        started.elapsed() < Duration::from_secs(60),
-        "the deadline was not enforced: {:?}",
-        started.elapsed()
-    );
-
-    // An output flood is cut at the cap and flagged.
-    let v = answered(
-        &d,
-        &snippet(
-            "process.stdout.write('x'.repeat(1 << 20)); console.error('e'.repeat(200000))",
-            20_000,
-        ),
-    );
-    let js = &v["javascript"];
-    assert_eq!(js["stdoutTruncated"], true, "{v}");
-    assert_eq!(js["stderrTruncated"], true, "{v}");
-    assert_eq!(field(js, "stdout").len(), 64 * 1024);
-    assert_eq!(field(js, "stderr").len(), 64 * 1024);
-
-    // A project: files, steps in the project directory, an artifact.
-    let mut body = connect::project(
-        &[
-            ("main.js", "console.log(require('./lib/answer.js'))"),
-            ("lib/answer.js", "module.exports = 42"),
-        ],
-        &[
-            "node main.js > out.txt",
-            "cat out.txt && pwd",
-            "python3 -c 'print(7*6)'",
-        ],
-    );
-    body["project"]["artifacts"] = json!(["out.txt", "absent.txt"]);
-    body["timeoutMs"] = json!(60_000);
-    let v = answered(&d, &body);
-    assert_eq!(v["project"]["outcome"], "PROJECT_OUTCOME_COMPLETED", "{v}");
-    let steps = v["project"]["steps"]
-        .as_array()
-        .cloned()
-        .unwrap_or_default();
-    assert_eq!(steps.len(), 3, "{v}");
-    assert_eq!(
-        field(&steps[1], "stdout"),
-        "42\n/home/user/project\n",
-        "{v}"
-    );
-    assert_eq!(field(&steps[2], "stdout"), "42\n", "{v}");
-    let artifacts = v["project"]["artifacts"]
-        .as_array()
-        .cloned()
-        .unwrap_or_default();
-    assert_eq!(artifacts.len(), 1, "an absent artifact is left out: {v}");
-    assert_eq!(artifacts[0]["path"], "out.txt", "{v}");
-    assert_eq!(field(&artifacts[0], "content"), "42\n");
-
-    // A failing step stops the project.
-    let v = answered(&d, &connect::project(&[], &["exit 7", "echo never"]));
-    assert_eq!(v["project"]["outcome"], "PROJECT_OUTCOME_COMPLETED", "{v}");
-    let steps = v["project"]["steps"]
-        .as_array()
-        .cloned()
-        .unwrap_or_default();
-    assert_eq!(steps.len(), 1, "the second step must not run: {v}");
-    assert_eq!(steps[0]["exitCode"], 7, "{v}");
-
-    // A step past the budget times the project out.
-    let mut body = connect::project(&[], &["sleep 30", "echo never"]);
-    body["timeoutMs"] = json!(2_000);
-    let v = answered(&d, &body);
-    assert_eq!(v["project"]["outcome"], "PROJECT_OUTCOME_TIMED_OUT", "{v}");
-    assert_eq!(v["project"]["steps"][0]["timedOut"], true, "{v}");
+    endings::snippet_and_project_endings(&d, "vm", "/home/user/project");
 
     // Every VM is killed after its run.
     e2b.wait_empty(Duration::from_secs(60));

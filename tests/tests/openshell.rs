@@ -24,6 +24,9 @@ use serde_json::{Value, json};
 
 #[path = "support/verified.rs"]
 mod verified;
+#[path = "support/endings.rs"]
+mod endings;
+
 
 macro_rules! require_docker {
     () => {
@@ -103,51 +106,7 @@ fn snippets_and_projects_run_in_verified_sandboxes_at_tier_container() {
     assert_eq!(field(&v["javascript"], "stdout"), "mark\n", "{v}");
     assert_ne!(v["instance"], instance.as_str());
 
-    // A non-zero exit is a result.
-    let v = answered(&d, &snippet("process.exit(3)", 20_000));
-    assert_eq!(v["javascript"]["exitCode"], 3, "{v}");
-
-    // The deadline: the exec stream is cancelled and the answer says so.
-    let started = Instant::now();
-    let v = answered(&d, &snippet("for(;;){}", 1_500));
-    assert_eq!(v["javascript"]["timedOut"], true, "{v}");
-    assert!(
-        started.elapsed() < Duration::from_secs(30),
-        "the deadline was not enforced: {:?}",
-        started.elapsed()
-    );
-
-    // A project with the shared runner, files and an artifact.
-    let mut body = connect::project(
-        &[
-            ("main.js", "console.log(require('./lib.js'))"),
-            ("lib.js", "module.exports = 42"),
-        ],
-        &["node main.js > out.txt", "cat out.txt"],
-    );
-    body["project"]["artifacts"] = json!(["out.txt"]);
-    body["timeoutMs"] = json!(30_000);
-    let v = answered(&d, &body);
-    assert_eq!(v["project"]["outcome"], "PROJECT_OUTCOME_COMPLETED", "{v}");
-    let steps = v["project"]["steps"]
-        .as_array()
-        .cloned()
-        .unwrap_or_default();
-    assert_eq!(steps.len(), 2, "{v}");
-    assert_eq!(field(&steps[1], "stdout"), "42\n", "{v}");
-    assert_eq!(v["project"]["artifacts"][0]["path"], "out.txt", "{v}");
-    assert_eq!(field(&v["project"]["artifacts"][0], "content"), "42\n");
-
-    // A failing step stops the project.
-    let body = connect::project(&[], &["exit 7", "echo never"]);
-    let v = answered(&d, &body);
-    assert_eq!(v["project"]["outcome"], "PROJECT_OUTCOME_COMPLETED", "{v}");
-    let steps = v["project"]["steps"]
-        .as_array()
-        .cloned()
-        .unwrap_or_default();
-    assert_eq!(steps.len(), 1, "the second step must not run: {v}");
-    assert_eq!(steps[0]["exitCode"], 7, "{v}");
+    endings::snippet_and_project_endings(&d, "container", "/tmp/work");
 
     // Deletion runs in the background: the gateway ends empty once the runs are answered.
     gw.wait_empty(Duration::from_secs(60));

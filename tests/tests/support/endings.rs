@@ -1,0 +1,97 @@
+//! How snippets and projects end in a sandbox made for each run, the same on every provider of
+//! one (e2b, dockercloud): an exit, a deadline, an output flood, a project's steps, files and
+//! artifacts, a failing step and a project past its budget (included by path, beside
+//! `verified.rs`).
+
+use std::time::{Duration, Instant};
+
+use plimsoll_tests::Daemon;
+use plimsoll_tests::connect;
+use plimsoll_tests::sim::{field, snippet};
+use serde_json::json;
+
+use super::verified::answered_at;
+
+/// Asserts every ending at tier `isolation`; each step runs in `project_dir`.
+pub fn snippet_and_project_endings(d: &Daemon, isolation: &str, project_dir: &str) {
+    let answered = |body: &serde_json::Value| answered_at(d, body, isolation);
+
+    // A non-zero exit is a result.
+    let v = answered(&snippet("process.exit(3)", 20_000));
+    assert_eq!(v["javascript"]["exitCode"], 3, "{v}");
+
+    // The deadline ends the code and the answer says so.
+    let started = Instant::now();
+    let v = answered(&snippet("for(;;){}", 2_000));
+    assert_eq!(v["javascript"]["timedOut"], true, "{v}");
+    assert_eq!(v["javascript"]["exitCode"], 124, "{v}");
+    assert!(
+        started.elapsed() < Duration::from_secs(60),
+        "the deadline was not enforced: {:?}",
+        started.elapsed()
+    );
+
+    // An output flood is cut at the cap and flagged.
+    let v = answered(&snippet(
+        "process.stdout.write('x'.repeat(1 << 20)); process.stderr.write('e'.repeat(200000))",
+        20_000,
+    ));
+    let js = &v["javascript"];
+    assert_eq!(js["stdoutTruncated"], true, "{v}");
+    assert_eq!(js["stderrTruncated"], true, "{v}");
+    assert_eq!(field(js, "stdout").len(), 64 * 1024);
+    assert_eq!(field(js, "stderr").len(), 64 * 1024);
+
+    // A project: nested files (an upload may make no parents), steps in the project
+    // directory, an artifact (an absent one is left out).
+    let mut body = connect::project(
+        &[
+            ("main.js", "console.log(require('./lib/deep/answer.js'))"),
+            ("lib/deep/answer.js", "module.exports = 42"),
+        ],
+        &[
+            "node main.js > out.txt",
+            "cat out.txt && pwd",
+            "python3 -c 'print(7*6)'",
+        ],
+    );
+    body["project"]["artifacts"] = json!(["out.txt", "absent.txt"]);
+    body["timeoutMs"] = json!(60_000);
+    let v = answered(&body);
+    assert_eq!(v["project"]["outcome"], "PROJECT_OUTCOME_COMPLETED", "{v}");
+    let steps = v["project"]["steps"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
+    assert_eq!(steps.len(), 3, "{v}");
+    assert_eq!(
+        field(&steps[1], "stdout"),
+        format!("42\n{project_dir}\n"),
+        "{v}"
+    );
+    assert_eq!(field(&steps[2], "stdout"), "42\n", "{v}");
+    let artifacts = v["project"]["artifacts"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
+    assert_eq!(artifacts.len(), 1, "an absent artifact is left out: {v}");
+    assert_eq!(artifacts[0]["path"], "out.txt", "{v}");
+    assert_eq!(field(&artifacts[0], "content"), "42\n");
+
+    // A failing step stops the project, which still completed.
+    let v = answered(&connect::project(&[], &["exit 7", "echo never"]));
+    assert_eq!(v["project"]["outcome"], "PROJECT_OUTCOME_COMPLETED", "{v}");
+    let steps = v["project"]["steps"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
+    assert_eq!(steps.len(), 1, "the second step must not run: {v}");
+    assert_eq!(steps[0]["exitCode"], 7, "{v}");
+
+    // A step past the budget times the project out.
+    let mut body = connect::project(&[], &["sleep 30", "echo never"]);
+    body["timeoutMs"] = json!(3_000);
+    let v = answered(&body);
+    assert_eq!(v["project"]["outcome"], "PROJECT_OUTCOME_TIMED_OUT", "{v}");
+    assert_eq!(v["project"]["steps"][0]["timedOut"], true, "{v}");
+}
