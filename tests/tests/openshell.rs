@@ -22,11 +22,10 @@ use plimsoll_tests::openshell::Gateway;
 use plimsoll_tests::sim::{field, refused_run, send, snippet};
 use serde_json::{Value, json};
 
-#[path = "support/verified.rs"]
-mod verified;
 #[path = "support/endings.rs"]
 mod endings;
-
+#[path = "support/verified.rs"]
+mod verified;
 
 macro_rules! require_docker {
     () => {
