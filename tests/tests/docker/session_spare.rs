@@ -195,8 +195,7 @@ console.log(JSON.stringify(Object.values(seen)));
 
 /// Runs [`WATCH_BESIDE`] as a snippet: what its code saw of each node started beside it.
 fn nodes_seen_beside(d: &Daemon, id: &str) -> Vec<Value> {
-    let seen = snippet_json(d, id, WATCH_BESIDE);
-    match seen {
+    match snippet_json(d, id, WATCH_BESIDE) {
         Value::Array(nodes) => nodes,
         other => panic!("a list of the nodes seen: {other}"),
     }

@@ -1,7 +1,7 @@
 //! How snippets and projects end in a sandbox made for each run, the same on every provider of
-//! one (e2b, dockercloud): an exit, a deadline, an output flood, a project's steps, files and
-//! artifacts, a failing step and a project past its budget (included by path, beside
-//! `verified.rs`).
+//! one (e2b, dockercloud, openshell): an exit, a deadline, an output flood, a project's steps,
+//! files and artifacts, a failing step and a project past its budget (included by path,
+//! beside `verified.rs`).
 
 use std::time::{Duration, Instant};
 
@@ -26,7 +26,7 @@ pub fn snippet_and_project_endings(d: &Daemon, isolation: &str, project_dir: &st
     assert_eq!(v["javascript"]["timedOut"], true, "{v}");
     assert_eq!(v["javascript"]["exitCode"], 124, "{v}");
     assert!(
-        started.elapsed() < Duration::from_secs(60),
+        started.elapsed() < Duration::from_secs(30),
         "the deadline was not enforced: {:?}",
         started.elapsed()
     );
