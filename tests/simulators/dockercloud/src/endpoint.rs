@@ -10,6 +10,7 @@
 //! directories.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use base64::Engine;
 use base64::engine::general_purpose::STANDARD;
@@ -128,8 +129,50 @@ pub fn parse_exec(input: &Value) -> Result<ExecRequest, ApiError> {
     })
 }
 
-/// Runs a command to completion in the sandbox.
+/// Resolves once sandbox `id` no longer runs (deleted, stopped or failed).
+async fn stops_running(state: &State, id: &str) {
+    loop {
+        let changed = state.changed.notified();
+        if running_container(state, id).is_err() {
+            return;
+        }
+        changed.await;
+    }
+}
+
+/// Runs a command to completion in sandbox `id`, whose container is `container`; a sandbox
+/// that stops running meanwhile ends it with an error, as its VM's end would.
 pub async fn run_exec(
+    state: &State,
+    id: &str,
+    container: &str,
+    request: ExecRequest,
+) -> Result<crate::docker::Captured, ApiError> {
+    let stopped = || {
+        ApiError::new(
+            Code::Unavailable,
+            "the sandbox stopped while the command ran",
+        )
+    };
+    let out = tokio::select! {
+        out = exec_in(state, container, request) => out?,
+        () = stops_running(state, id) => return Err(stopped()),
+    };
+    // docker reports a command its container's death killed as killed by a signal (137),
+    // sometimes before the container reads as stopped; a VM's death ends the connection
+    // instead. A second tells the two apart (only commands that died by a signal wait).
+    if out.exit_code > 128
+        && tokio::time::timeout(Duration::from_secs(1), state.docker.wait_exit(container))
+            .await
+            .is_ok()
+        && !state.docker.running(container).await
+    {
+        return Err(stopped());
+    }
+    Ok(out)
+}
+
+async fn exec_in(
     state: &State,
     container: &str,
     request: ExecRequest,
@@ -168,7 +211,7 @@ async fn exec(state: &Arc<State>, id: &str, request: Request<Incoming>) -> Resul
     let input = connect::parse_unary(&body)?;
     let exec = parse_exec(&input)?;
     let container = running_container(state, id)?;
-    let out = run_exec(state, &container, exec).await?;
+    let out = run_exec(state, id, &container, exec).await?;
     Ok(prune(json!({
         "exitCode": out.exit_code,
         "stdout": STANDARD.encode(&out.stdout),

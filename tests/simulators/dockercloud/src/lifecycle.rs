@@ -268,11 +268,39 @@ async fn provision(state: Arc<State>, id: String, op_id: String, image_known: bo
     };
     let timeout = running.timeout;
     finish(&state, &op_id, None, Some(running));
+    tokio::spawn(watch_for_death(state.clone(), id.clone(), container));
     let expiring = state.clone();
     tokio::spawn(async move {
         tokio::time::sleep(timeout).await;
         expire(expiring, id).await;
     });
+}
+
+/// A running sandbox whose container stops outside the API (its host failed, or a test
+/// killed it) has failed, as a service's VM that crashed would: its commands end with an
+/// error and it runs no more. docker does not always end an exec when a gVisor container
+/// dies, so the simulator learns of it from the container itself.
+async fn watch_for_death(state: Arc<State>, id: String, container: String) {
+    loop {
+        let _ = state.docker.wait_exit(&container).await;
+        if !state.docker.running(&container).await {
+            break;
+        }
+        // A wait that failed while the container runs (the engine restarting, say).
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+    let unexpected = state.lock().sandboxes.get(&id).is_some_and(|s| {
+        s.status == Status::Running && !s.deleting && s.container.as_deref() == Some(&container)
+    });
+    if unexpected {
+        tracing::info!(sandbox = %id, "the sandbox's container died: it failed");
+        fail(
+            &state,
+            &id,
+            Code::Internal,
+            "the sandbox's VM stopped unexpectedly",
+        );
+    }
 }
 
 fn fail(state: &State, id: &str, code: Code, why: &str) {

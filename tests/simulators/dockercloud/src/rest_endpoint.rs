@@ -93,7 +93,7 @@ async fn exec(state: &Arc<State>, id: &str, request: Request<Incoming>) -> Resul
     let left = expires
         .duration_since(SystemTime::now())
         .unwrap_or_default();
-    let out = match tokio::time::timeout(left, run_exec(state, &container, request)).await {
+    let out = match tokio::time::timeout(left, run_exec(state, id, &container, request)).await {
         Ok(out) => out?,
         Err(_) => return Err(expired()),
     };

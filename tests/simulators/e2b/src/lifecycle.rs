@@ -82,6 +82,7 @@ async fn create_inner(app: &Arc<App>, spec: CreateSpec) -> Result<String, Lifecy
             return Err(e.into());
         }
     };
+    let watched = container.clone();
     let now = SystemTime::now();
     app.sandboxes.insert(Sandbox {
         id: id.clone(),
@@ -102,7 +103,22 @@ async fn create_inner(app: &Arc<App>, spec: CreateSpec) -> Result<String, Lifecy
         processes: Default::default(),
         egress_tasks,
     });
+    watch_for_death(app, &id, &watched);
     Ok(id)
+}
+
+/// A VM that dies outside the API (its host failed, or a test killed its container) is
+/// gone as E2B's would be: its envd streams drop and it is killed.
+fn watch_for_death(app: &Arc<App>, id: &str, container: &str) {
+    let (app, id, container) = (Arc::clone(app), id.to_owned(), container.to_owned());
+    tokio::spawn(async move {
+        app.vms.wait_dead(&container).await;
+        let ours = app.sandboxes.with(&id, |s| s.container == container);
+        if ours == Some(true) {
+            eprintln!("e2b-simulator: sandbox {id}: its container died; killed");
+            kill(&app, &id).await;
+        }
+    });
 }
 
 /// `/etc/hosts` of a new VM: every name the proxy can serve goes to the agent on 127.0.0.1.

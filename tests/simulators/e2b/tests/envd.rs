@@ -502,3 +502,62 @@ async fn envd_faults_slow_it_drop_frames_and_kill_the_vm() {
         502
     );
 }
+
+/// A VM whose container dies outside the API (a host failure; here `docker kill`) is gone as
+/// E2B's would be: the stream of the process in flight drops at once (docker alone does not
+/// always end an exec when a gVisor container dies) and the sandbox answers 404.
+#[tokio::test]
+async fn a_vm_whose_container_dies_drops_its_streams_and_is_gone() {
+    let Some(sim) = Sim::start(&[]) else { return };
+    let sandbox = sim.create(json!({"templateID": "base"})).await;
+    let id = sid(&sandbox);
+    let container = sim
+        .process
+        .sandboxes()
+        .unwrap()
+        .as_array()
+        .and_then(|all| all.iter().find(|s| s["sandboxID"] == id.as_str()))
+        .and_then(|s| s["container"].as_str())
+        .expect("the sandbox's container")
+        .to_owned();
+    let killer = async {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        let began = || {
+            std::process::Command::new("docker")
+                .args(["exec", &container, "test", "-e", "/tmp/began"])
+                .status()
+                .is_ok_and(|s| s.success())
+        };
+        while !began() {
+            assert!(Instant::now() < deadline, "the process never began");
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+        let killed = std::process::Command::new("docker")
+            .args(["kill", &container])
+            .status()
+            .unwrap();
+        assert!(killed.success());
+        Instant::now()
+    };
+    let (died, killed_at) =
+        tokio::join!(sim.run(&sandbox, "touch /tmp/began; sleep 60", &[]), killer);
+    assert!(
+        killed_at.elapsed() < Duration::from_secs(20),
+        "the stream outlived its VM by {:?}",
+        killed_at.elapsed()
+    );
+    assert!(
+        died.reply.body.is_err() || died.end().is_none(),
+        "the stream drops without an end event: {:?}",
+        died.reply.body
+    );
+    // The stream may drop before the simulator sees the container gone: wait for it.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while sim.status("GET", &format!("/sandboxes/{id}")).await != 404 {
+        assert!(
+            Instant::now() < deadline,
+            "the dead VM's sandbox was not killed"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}

@@ -231,3 +231,73 @@ async fn a_deleted_sandboxs_endpoint_refuses() {
         .await;
     assert_eq!(answer.json()["code"], "not_found");
 }
+
+/// A sandbox whose container dies outside the API (a host failure; here `docker kill`) has
+/// failed, as a service's crashed VM would: the exec in flight ends with an error at once
+/// (docker alone does not always end an exec when a gVisor container dies), GetSandbox reads
+/// FAILED, and a new exec is refused.
+#[tokio::test]
+async fn a_sandbox_whose_container_dies_fails_and_its_exec_in_flight_errs() {
+    let Some(h) = start(&[]).await else { return };
+    let sandbox = h.running("k-1").await;
+    let id = sandbox["core"]["id"].as_str().unwrap().to_owned();
+    let endpoint = sandbox["core"]["endpoint"]["uri"].as_str().unwrap();
+    let docker = |args: &[&str]| {
+        let out = std::process::Command::new("docker")
+            .args(args)
+            .output()
+            .unwrap();
+        (
+            out.status.success(),
+            String::from_utf8_lossy(&out.stdout).trim().to_owned(),
+        )
+    };
+    let (_, container) = docker(&[
+        "ps",
+        "-q",
+        "--filter",
+        &format!("label=io.plimsoll.simulator.sandbox={id}"),
+    ]);
+    assert!(!container.is_empty(), "the sandbox's container runs");
+    let killer = async {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while !docker(&["exec", &container, "test", "-e", "/tmp/began"]).0 {
+            assert!(Instant::now() < deadline, "the command never began");
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+        assert!(docker(&["kill", &container]).0, "docker kill");
+        Instant::now()
+    };
+    let exec = json!({ "cmd": ["sh", "-c", "touch /tmp/began; sleep 60"] });
+    let (answer, killed_at) = tokio::join!(
+        h.call_as(
+            endpoint,
+            "/docker.sbx.process.v1.ProcessService/Exec",
+            &h.bearer,
+            &exec
+        ),
+        killer
+    );
+    assert!(
+        killed_at.elapsed() < Duration::from_secs(20),
+        "the exec outlived its sandbox by {:?}",
+        killed_at.elapsed()
+    );
+    assert_eq!(answer.json()["code"], "unavailable", "{:?}", answer.json());
+    let got = h
+        .ok(
+            "/docker.sbx.v1.SandboxService/GetSandbox",
+            json!({ "sandbox": { "name": "k-1" } }),
+        )
+        .await;
+    assert_eq!(got["core"]["status"], "SANDBOX_STATUS_FAILED", "{got}");
+    let refused = h
+        .call_as(
+            endpoint,
+            "/docker.sbx.process.v1.ProcessService/Exec",
+            &h.bearer,
+            &json!({ "cmd": ["true"] }),
+        )
+        .await;
+    assert_eq!(refused.json()["code"], "failed_precondition");
+}
