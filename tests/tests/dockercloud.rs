@@ -44,8 +44,8 @@ fn instance_of(d: &Daemon) -> String {
 }
 
 /// The tier, `Describe`, snippets (output, exit, a fresh sandbox each run, the deadline, an
-/// output flood) and projects (nested files, steps, artifacts, a failing step, a timeout),
-/// with verified records; every sandbox is deleted after its run.
+/// output flood) and projects (nested files, steps, artifacts, a failing step, a timeout, a
+/// sandbox lost mid-step), with verified records; every sandbox is deleted after its run.
 #[test]
 fn snippets_and_projects_run_in_fresh_sandboxes_at_tier_vm() {
     require_dockercloud!();
@@ -94,6 +94,14 @@ fn snippets_and_projects_run_in_fresh_sandboxes_at_tier_vm() {
     assert_ne!(v["instance"], first.as_str());
 
     endings::snippet_and_project_endings(&d, "vm", "/tmp/plimsoll-project");
+
+    endings::a_sandbox_lost_mid_step(&d, "vm", "/tmp/plimsoll-project", || {
+        cloud
+            .sandboxes()
+            .iter()
+            .filter_map(|s| s["container"].as_str().map(str::to_owned))
+            .collect()
+    });
 
     cloud.wait_empty(Duration::from_secs(60));
     assert!(d.sigterm().success(), "{}", d.logs().join("\n"));

@@ -54,8 +54,8 @@ fn instance_of(d: &Daemon) -> String {
 // === tests ===
 
 /// The tier, `Describe`, snippets (output, exit, a fresh VM each run, the deadline, an output
-/// flood) and projects (files, steps, artifacts, a failing step, a timeout), with verified
-/// records; every VM is killed after its run.
+/// flood) and projects (files, steps, artifacts, a failing step, a timeout, a VM lost
+/// mid-step), with verified records; every VM is killed after its run.
 #[test]
 fn snippets_and_projects_run_in_fresh_vms_at_tier_vm() {
     require_e2b!();
@@ -116,6 +116,13 @@ fn snippets_and_projects_run_in_fresh_vms_at_tier_vm() {
     }
 
     endings::snippet_and_project_endings(&d, "vm", "/home/user/project");
+
+    endings::a_sandbox_lost_mid_step(&d, "vm", "/home/user/project", || {
+        e2b.sandboxes()
+            .iter()
+            .filter_map(|s| s["container"].as_str().map(str::to_owned))
+            .collect()
+    });
 
     // Every VM is killed after its run.
     e2b.wait_empty(Duration::from_secs(60));

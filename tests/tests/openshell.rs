@@ -46,7 +46,8 @@ fn answered(d: &Daemon, body: &Value) -> Value {
 // === tests ===
 
 /// The happy path: the tier, `Describe` with the policy digest, snippets and projects with
-/// verified records, the deadline by cancelling the exec stream, and nothing left behind.
+/// verified records, the deadline by cancelling the exec stream, a sandbox lost mid-step,
+/// and nothing left behind.
 #[test]
 fn snippets_and_projects_run_in_verified_sandboxes_at_tier_container() {
     require_docker!();
@@ -106,6 +107,13 @@ fn snippets_and_projects_run_in_verified_sandboxes_at_tier_container() {
     assert_ne!(v["instance"], instance.as_str());
 
     endings::snippet_and_project_endings(&d, "container", "/tmp/work");
+
+    endings::a_sandbox_lost_mid_step(&d, "container", "/tmp/work", || {
+        gw.sandboxes()
+            .iter()
+            .filter_map(|s| s["container"].as_str().map(str::to_owned))
+            .collect()
+    });
 
     // Deletion runs in the background: the gateway ends empty once the runs are answered.
     gw.wait_empty(Duration::from_secs(60));

@@ -6,7 +6,7 @@
 use std::collections::BTreeMap;
 use std::sync::RwLock;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use plimsoll::refusal::Refusal;
 use plimsoll::tier::IsolationTier;
@@ -283,6 +283,62 @@ where
     (found, truncated)
 }
 
+/// How one project step's run ended, as the provider saw it.
+pub enum StepRan {
+    /// The step ended with this result (`timed_out` set when its deadline ended it; the
+    /// command is filled in by [`run_steps`]).
+    Ended(StepResult),
+    /// The sandbox failed or ended while the step ran: why.
+    Lost(String),
+}
+
+/// Runs a project's `commands` in order, step `i` by `run(i, left)` with what is left of
+/// `budget` since `started`, stopping after a step that failed. `Ok(steps)` when they ran;
+/// `Err(answer)` when the budget ended them or the sandbox was lost mid-step, `answer` being
+/// the project's whole result (a lost step's code ran and its effects are unknown).
+pub async fn run_steps<F, Fut, E>(
+    provider: &'static str,
+    sandbox: &str,
+    commands: &[String],
+    (started, budget): (Instant, Duration),
+    mut run: F,
+) -> Result<Result<Vec<StepResult>, ProjectResult>, E>
+where
+    F: FnMut(usize, Duration) -> Fut,
+    Fut: Future<Output = Result<StepRan, E>>,
+{
+    let mut steps = Vec::new();
+    for (i, command) in commands.iter().enumerate() {
+        let left = budget.saturating_sub(started.elapsed());
+        if left.is_zero() {
+            return Ok(Err(timed_out(steps)));
+        }
+        let mut step = match run(i, left).await? {
+            StepRan::Ended(step) => step,
+            StepRan::Lost(why) => {
+                tracing::warn!(provider, sandbox = %sandbox, step = i + 1, error = %why, "a project step was lost");
+                return Ok(Err(outcome(
+                    ProjectOutcome::PROJECT_OUTCOME_RUNNER_FAILED,
+                    format!(
+                        "the sandbox failed after step {} began; code ran and its effects are unknown",
+                        i + 1
+                    ),
+                )));
+            }
+        };
+        step.command = command.clone();
+        let (step_timed_out, exit_code) = (step.timed_out, step.exit_code);
+        steps.push(step);
+        if step_timed_out {
+            return Ok(Err(timed_out(steps)));
+        }
+        if exit_code != 0 {
+            break;
+        }
+    }
+    Ok(Ok(steps))
+}
+
 /// A project's result with no steps to show.
 pub fn outcome(outcome: ProjectOutcome, detail: String) -> ProjectResult {
     ProjectResult {
@@ -400,5 +456,97 @@ mod tests {
             ]
         );
         assert!(staged[0].1.is_empty());
+    }
+
+    /// Runs three steps whose endings `ends` gives, in order, with a budget of `budget`:
+    /// what `run_steps` answered and which steps were started.
+    async fn three_steps(
+        ends: Vec<Result<StepRan, &'static str>>,
+        budget: Duration,
+    ) -> (
+        Result<Result<Vec<StepResult>, ProjectResult>, &'static str>,
+        Vec<usize>,
+    ) {
+        let commands: Vec<String> = ["one", "two", "three"].map(str::to_owned).to_vec();
+        let mut ends = ends.into_iter();
+        let mut started = Vec::new();
+        let answer = run_steps(
+            "test",
+            "sandbox",
+            &commands,
+            (Instant::now(), budget),
+            |i, _| {
+                started.push(i);
+                let end = ends
+                    .next()
+                    .unwrap_or(Err("a step ran that should not have"));
+                async move { end }
+            },
+        )
+        .await;
+        (answer, started)
+    }
+
+    fn ended(exit_code: i32, timed_out: bool) -> Result<StepRan, &'static str> {
+        Ok(StepRan::Ended(StepResult {
+            exit_code,
+            timed_out,
+            ..Default::default()
+        }))
+    }
+
+    #[tokio::test]
+    async fn steps_run_in_order_until_one_fails_and_each_is_named() {
+        let (answer, started) = three_steps(
+            vec![ended(0, false), ended(2, false)],
+            Duration::from_secs(9),
+        )
+        .await;
+        let steps = answer.unwrap().unwrap();
+        assert_eq!(started, [0, 1]);
+        let names: Vec<&str> = steps.iter().map(|s| s.command.as_str()).collect();
+        assert_eq!(names, ["one", "two"]);
+        assert_eq!(steps[1].exit_code, 2);
+    }
+
+    #[tokio::test]
+    async fn a_timed_out_step_or_a_spent_budget_times_the_project_out() {
+        let (answer, started) = three_steps(
+            vec![ended(0, false), ended(124, true)],
+            Duration::from_secs(9),
+        )
+        .await;
+        let result = answer.unwrap().unwrap_err();
+        assert_eq!(started, [0, 1]);
+        assert_eq!(result.outcome, ProjectOutcome::PROJECT_OUTCOME_TIMED_OUT);
+        assert_eq!(result.steps.len(), 2);
+        assert!(result.steps[1].timed_out);
+
+        let (answer, started) = three_steps(vec![], Duration::ZERO).await;
+        let result = answer.unwrap().unwrap_err();
+        assert!(started.is_empty(), "no step starts without budget");
+        assert_eq!(result.outcome, ProjectOutcome::PROJECT_OUTCOME_TIMED_OUT);
+    }
+
+    #[tokio::test]
+    async fn a_lost_step_is_a_runner_failure_naming_it_and_an_error_stays_an_error() {
+        let lost = Ok(StepRan::Lost("the VM ended".to_owned()));
+        let (answer, started) =
+            three_steps(vec![ended(0, false), lost], Duration::from_secs(9)).await;
+        let result = answer.unwrap().unwrap_err();
+        assert_eq!(started, [0, 1]);
+        assert_eq!(
+            result.outcome,
+            ProjectOutcome::PROJECT_OUTCOME_RUNNER_FAILED
+        );
+        assert!(
+            result.outcome_detail.contains("after step 2 began"),
+            "{}",
+            result.outcome_detail
+        );
+        assert!(result.steps.is_empty());
+
+        let (answer, _) = three_steps(vec![Err("no VM")], Duration::from_secs(9)).await;
+        assert_eq!(answer.unwrap_err(), "no VM");
     }
 }

@@ -1,7 +1,7 @@
 //! How snippets and projects end in a sandbox made for each run, the same on every provider of
 //! one (e2b, dockercloud, openshell): an exit, a deadline, an output flood, a project's steps,
-//! files and artifacts, a failing step and a project past its budget (included by path,
-//! beside `verified.rs`).
+//! files and artifacts, a failing step, a project past its budget and a sandbox lost while a step
+//! runs (included by path, beside `verified.rs`).
 
 use std::time::{Duration, Instant};
 
@@ -88,10 +88,68 @@ pub fn snippet_and_project_endings(d: &Daemon, isolation: &str, project_dir: &st
     assert_eq!(steps.len(), 1, "the second step must not run: {v}");
     assert_eq!(steps[0]["exitCode"], 7, "{v}");
 
+    // A step killed by a signal, in a sandbox that lives on, ends with its own exit.
+    let v = answered(&connect::project(
+        &[],
+        &["sh -c 'kill -9 $$'", "echo never"],
+    ));
+    assert_eq!(v["project"]["outcome"], "PROJECT_OUTCOME_COMPLETED", "{v}");
+    let steps = v["project"]["steps"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
+    assert_eq!(steps.len(), 1, "the second step must not run: {v}");
+    assert_eq!(steps[0]["exitCode"], 137, "{v}");
+
     // A step past the budget times the project out.
     let mut body = connect::project(&[], &["sleep 30", "echo never"]);
-    body["timeoutMs"] = json!(3_000);
+    // Enough for staging under load, so that the step itself is what the budget ends.
+    body["timeoutMs"] = json!(8_000);
     let v = answered(&body);
     assert_eq!(v["project"]["outcome"], "PROJECT_OUTCOME_TIMED_OUT", "{v}");
     assert_eq!(v["project"]["steps"][0]["timedOut"], true, "{v}");
+}
+
+/// A sandbox that dies while a step runs: the project's answer is `runner_failed` (code ran,
+/// its effects unknown), naming the step, with a record that verifies. `containers()` lists
+/// the local containers behind the provider's sandboxes; the one whose project directory
+/// shows the step began is killed from outside, as a host failure would end it.
+pub fn a_sandbox_lost_mid_step(
+    d: &Daemon,
+    isolation: &str,
+    project_dir: &str,
+    containers: impl Fn() -> Vec<String>,
+) {
+    use plimsoll_tests::docker::docker;
+
+    let mut body = connect::project(&[], &["echo began > began && sleep 60", "echo never"]);
+    body["timeoutMs"] = json!(90_000);
+    let began = format!("{project_dir}/began");
+    let v = std::thread::scope(|s| {
+        let run = s.spawn(|| answered_at(d, &body, isolation));
+        let deadline = Instant::now() + Duration::from_secs(45);
+        let victim = loop {
+            let found = containers()
+                .into_iter()
+                .find(|c| docker(&["exec", c, "test", "-e", &began]).0);
+            if let Some(c) = found {
+                break c;
+            }
+            assert!(
+                Instant::now() < deadline && !run.is_finished(),
+                "no sandbox showed the step began"
+            );
+            std::thread::sleep(Duration::from_millis(200));
+        };
+        let (killed, why) = docker(&["kill", &victim]);
+        assert!(killed, "docker kill {victim}: {why}");
+        run.join().expect("the run's thread")
+    });
+    let project = &v["project"];
+    assert_eq!(project["outcome"], "PROJECT_OUTCOME_RUNNER_FAILED", "{v}");
+    let detail = project["outcomeDetail"].as_str().unwrap_or_default();
+    assert!(
+        detail.contains("after step 1 began") && detail.contains("effects are unknown"),
+        "{v}"
+    );
 }

@@ -5,7 +5,9 @@
 //! parents), then its files go under `/tmp/plimsoll-project` and each step into
 //! `/tmp/plimsoll-step-<i>.sh` in one upload; each step is its own wrapped exec, `sh
 //! <script>` in the project directory, with what is left of the budget minus 2 s as its
-//! in-guest limit. Timed out = exit 137 or 124 **and** the limit elapsed.
+//! in-guest limit. Timed out = exit 137 or 124 **and** the limit elapsed. Any other death by a
+//! signal is the command's own only if the sandbox still answers; if not, the sandbox was
+//! lost under the code (a project answers `runner_failed`).
 
 use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
@@ -17,7 +19,7 @@ use super::endpoint::{EXIT_FLOOD, Exec, wrapped};
 use super::sandbox::Sandbox;
 use crate::provider::ProjectPlan;
 use crate::provider::docker::settings::OUTPUT_CAP;
-use crate::provider::remote::{self, Read, outcome};
+use crate::provider::remote::{self, Read, StepRan, outcome};
 
 /// The snippet's file.
 pub const SNIPPET_FILE: &str = "/tmp/plimsoll-snippet.cjs";
@@ -35,6 +37,16 @@ pub const EXIT_TIMED_OUT: i32 = 124;
 pub enum RunError {
     #[error(transparent)]
     Api(#[from] ApiError),
+    /// The command died by a signal and the sandbox no longer answers: it went away under
+    /// the code, whose effects are unknown.
+    #[error(
+        "sandbox {sandbox} stopped answering when its command died by a signal (exit {exit}): {why}"
+    )]
+    Lost {
+        sandbox: String,
+        exit: i32,
+        why: String,
+    },
 }
 
 /// One wrapped command's result, judged.
@@ -91,6 +103,16 @@ pub async fn run(
         });
     }
     let timed_out = matches!(exec.exit_code, 137 | 124) && duration >= Duration::from_secs(secs);
+    if exec.exit_code > 128
+        && !timed_out
+        && let Err(why) = still_answers(sandbox).await
+    {
+        return Err(RunError::Lost {
+            sandbox: sandbox.id().to_owned(),
+            exit: exec.exit_code,
+            why,
+        });
+    }
     let (stdout, stdout_truncated) = cut(exec.stdout);
     let (stderr, stderr_truncated) = cut(exec.stderr);
     Ok(Ran {
@@ -106,6 +128,24 @@ pub async fn run(
         timed_out,
         duration,
     })
+}
+
+/// Whether the sandbox still runs commands. A command killed by a signal may have died with
+/// its sandbox (the exec reports that as the command's own exit, 137 for a kill), so its exit
+/// is the command's only once the sandbox answers an exec of `true`.
+async fn still_answers(sandbox: &Sandbox) -> Result<(), String> {
+    const PROBE: Duration = Duration::from_secs(10);
+    let bearer = sandbox.bearer().await.map_err(|e| e.to_string())?;
+    let cmd = wrapped(PROBE.as_secs(), OUTPUT_CAP, &["true"]);
+    match sandbox
+        .endpoint
+        .exec(&bearer, &cmd, "/tmp", PROBE, OUTPUT_CAP)
+        .await
+    {
+        Ok(exec) if exec.exit_code == 0 => Ok(()),
+        Ok(exec) => Err(format!("`true` exited {}", exec.exit_code)),
+        Err(e) => Err(e.to_string()),
+    }
 }
 
 /// Runs a snippet; a granted one gets `library` (the guard client with the run's token)
@@ -184,56 +224,41 @@ pub async fn project(
             detail,
         ));
     }
-    let mut steps = Vec::new();
-    let mut timed_out = false;
-    for (i, command) in plan.steps.iter().enumerate() {
-        let left = budget.saturating_sub(started.elapsed());
-        if left.is_zero() {
-            timed_out = true;
-            break;
-        }
-        let script = remote::step_script(i);
-        let argv: Vec<&str> = match library {
-            Some(_) => vec!["env", &node_options, "sh", &script],
-            None => vec!["sh", &script],
-        };
-        let ran = match run(sandbox, &argv, PROJECT_DIR, left).await {
-            Ok(ran) => ran,
-            Err(e) => {
-                tracing::warn!(sandbox = %sandbox.id(), step = i + 1, error = %e, "dockercloud: a project step was lost");
-                return Ok(outcome(
-                    ProjectOutcome::PROJECT_OUTCOME_RUNNER_FAILED,
-                    format!(
-                        "the sandbox failed after step {} began; code ran and its effects are unknown",
-                        i + 1
-                    ),
-                ));
+    let ran = remote::run_steps(
+        "dockercloud",
+        sandbox.id(),
+        &plan.steps,
+        (started, budget),
+        |i, left| {
+            let node_options = &node_options;
+            async move {
+                let script = remote::step_script(i);
+                let argv: Vec<&str> = match library {
+                    Some(_) => vec!["env", node_options, "sh", &script],
+                    None => vec!["sh", &script],
+                };
+                let ran = match run(sandbox, &argv, PROJECT_DIR, left).await {
+                    Ok(ran) => ran,
+                    Err(e) => return Ok::<_, RunError>(StepRan::Lost(e.to_string())),
+                };
+                Ok(StepRan::Ended(StepResult {
+                    stdout: ran.stdout,
+                    stderr: ran.stderr,
+                    exit_code: ran.exit_code,
+                    timed_out: ran.timed_out,
+                    duration_ms: i64::try_from(ran.duration.as_millis()).unwrap_or(i64::MAX),
+                    stdout_truncated: ran.stdout_truncated,
+                    stderr_truncated: ran.stderr_truncated,
+                    ..Default::default()
+                }))
             }
-        };
-        let step_timed_out = ran.timed_out;
-        let exit_code = ran.exit_code;
-        steps.push(StepResult {
-            command: command.clone(),
-            stdout: ran.stdout,
-            stderr: ran.stderr,
-            exit_code,
-            timed_out: step_timed_out,
-            duration_ms: i64::try_from(ran.duration.as_millis()).unwrap_or(i64::MAX),
-            stdout_truncated: ran.stdout_truncated,
-            stderr_truncated: ran.stderr_truncated,
-            ..Default::default()
-        });
-        if step_timed_out {
-            timed_out = true;
-            break;
-        }
-        if exit_code != 0 {
-            break;
-        }
-    }
-    if timed_out {
-        return Ok(remote::timed_out(steps));
-    }
+        },
+    )
+    .await?;
+    let steps = match ran {
+        Ok(steps) => steps,
+        Err(ended) => return Ok(ended),
+    };
     let found = match sandbox.bearer().await {
         Ok(bearer) => {
             let bearer = &bearer;

@@ -44,6 +44,7 @@ impl From<runs::RunError> for SmokeError {
     fn from(e: runs::RunError) -> SmokeError {
         match e {
             runs::RunError::Api(e) => SmokeError::Api(e),
+            lost @ runs::RunError::Lost { .. } => check("sandbox still answers", lost.to_string()),
         }
     }
 }

@@ -17,7 +17,7 @@ use super::envd::{Command, EXIT_FLOOD, EXIT_TIMED_OUT, Ending, EnvdError, Finish
 use super::sandbox::Vm;
 use crate::provider::ProjectPlan;
 use crate::provider::docker::settings::OUTPUT_CAP;
-use crate::provider::remote::{self, Read, outcome};
+use crate::provider::remote::{self, Read, StepRan, outcome};
 
 /// The snippet's file.
 pub const SNIPPET_FILE: &str = "/tmp/plimsoll-snippet.cjs";
@@ -175,70 +175,47 @@ pub async fn project(
             format!("the project files could not be written: {e}"),
         ));
     }
-    let mut steps = Vec::new();
-    let mut timed_out = false;
-    for (i, command) in plan.steps.iter().enumerate() {
-        let left = budget.saturating_sub(started.elapsed());
-        if left.is_zero() {
-            timed_out = true;
-            break;
+    let ran = remote::run_steps("e2b", vm.id(), &plan.steps, (started, budget), |i, left| {
+        let envs = &envs;
+        async move {
+            let script = remote::step_script(i);
+            let ran = vm
+                .envd
+                .run(&Command {
+                    cmd: "sh",
+                    args: &[&script],
+                    cwd: Some(PROJECT_DIR),
+                    envs,
+                    timeout: left,
+                    stdout_cap: OUTPUT_CAP,
+                    stderr_cap: OUTPUT_CAP,
+                })
+                .await;
+            let finished = match ran {
+                Ok(finished) if finished.ending != Ending::Lost => finished,
+                Ok(_) => return Ok::<_, RunError>(StepRan::Lost("the VM ended".to_owned())),
+                Err(e) => return Ok(StepRan::Lost(e.to_string())),
+            };
+            let exit_code = exit_of(finished.ending, vm)?;
+            let (stdout, stdout_truncated) = finished.stdout.into_parts();
+            let (stderr, stderr_truncated) = finished.stderr.into_parts();
+            Ok(StepRan::Ended(StepResult {
+                stdout,
+                stderr,
+                exit_code,
+                timed_out: finished.ending == Ending::TimedOut,
+                duration_ms: i64::try_from(finished.duration.as_millis()).unwrap_or(i64::MAX),
+                stdout_truncated,
+                stderr_truncated,
+                ..Default::default()
+            }))
         }
-        let script = remote::step_script(i);
-        let ran = vm
-            .envd
-            .run(&Command {
-                cmd: "sh",
-                args: &[&script],
-                cwd: Some(PROJECT_DIR),
-                envs: &envs,
-                timeout: left,
-                stdout_cap: OUTPUT_CAP,
-                stderr_cap: OUTPUT_CAP,
-            })
-            .await;
-        let finished = match ran {
-            Ok(finished) if finished.ending != Ending::Lost => finished,
-            other => {
-                let why = match other {
-                    Err(e) => e.to_string(),
-                    Ok(_) => "the VM ended".to_owned(),
-                };
-                tracing::warn!(sandbox = %vm.id(), step = i + 1, error = %why, "e2b: a project step was lost");
-                return Ok(outcome(
-                    ProjectOutcome::PROJECT_OUTCOME_RUNNER_FAILED,
-                    format!(
-                        "the sandbox failed after step {} began; code ran and its effects are unknown",
-                        i + 1
-                    ),
-                ));
-            }
-        };
-        let exit_code = exit_of(finished.ending, vm)?;
-        let step_timed_out = finished.ending == Ending::TimedOut;
-        let (stdout, stdout_truncated) = finished.stdout.into_parts();
-        let (stderr, stderr_truncated) = finished.stderr.into_parts();
-        steps.push(StepResult {
-            command: command.clone(),
-            stdout,
-            stderr,
-            exit_code,
-            timed_out: step_timed_out,
-            duration_ms: i64::try_from(finished.duration.as_millis()).unwrap_or(i64::MAX),
-            stdout_truncated,
-            stderr_truncated,
-            ..Default::default()
-        });
-        if step_timed_out {
-            timed_out = true;
-            break;
-        }
-        if exit_code != 0 {
-            break;
-        }
-    }
-    if timed_out {
-        return Ok(remote::timed_out(steps));
-    }
+    })
+    .await?;
+    let steps = match ran {
+        Ok(steps) => steps,
+        Err(ended) => return Ok(ended),
+    };
     let found = remote::artifacts(
         vm.id(),
         PROJECT_DIR,
