@@ -14,10 +14,12 @@ use std::time::Duration;
 
 use serde::Deserialize;
 use tokio::io::AsyncWriteExt;
+use tokio::sync::watch;
 use tokio::time::Instant;
 
 use super::super::engine::Engine;
 use super::super::exec::{self, Attached};
+use super::container::list_by_id;
 use crate::provider::guest::cell::RELAY_BINARY;
 use base64::Engine as _;
 
@@ -197,6 +199,43 @@ pub(super) struct Agent {
     partial: Vec<u8>,
     /// The agent's identity (`pid:starttime:cmdlinehex`), part of the keep set.
     id: String,
+    /// Turns true once the container has stopped. docker does not always end an exec's
+    /// stream when a gVisor container dies, and a call would then wait for its deadline.
+    stopped: watch::Receiver<bool>,
+    watcher: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for Agent {
+    fn drop(&mut self) {
+        self.watcher.abort();
+    }
+}
+
+/// Tells `stopped` once docker says `container` no longer runs, or lists it no more. A wait
+/// that fails otherwise (docker busy or restarting) is made again: only docker's word ends a
+/// session here. The container's removal at the session's end ends the wait.
+async fn watch_stop(engine: Engine, container: String, stopped: watch::Sender<bool>) {
+    const WAIT: Duration = Duration::from_secs(24 * 3600);
+    loop {
+        if engine.wait(&container, WAIT).await.is_ok() {
+            break;
+        }
+        if list_by_id(&engine, &container)
+            .await
+            .is_ok_and(|found| found.is_empty())
+        {
+            break;
+        }
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+    let _ = stopped.send(true);
+}
+
+/// Resolves once the container has stopped; never, if nobody watches any more.
+async fn container_stopped(stopped: &mut watch::Receiver<bool>) {
+    if stopped.wait_for(|s| *s).await.is_err() {
+        std::future::pending::<()>().await;
+    }
 }
 
 impl Agent {
@@ -217,10 +256,14 @@ impl Agent {
         let argv = exec::env_argv(&[], &command);
         let attached =
             exec::attach(engine, container, &argv, ROOT, Some(AGENT_DIR), STDERR_CAP).await?;
+        let (tell, stopped) = watch::channel(false);
+        let watcher = tokio::spawn(watch_stop(engine.clone(), container.to_owned(), tell));
         let mut agent = Agent {
             attached,
             partial: Vec::new(),
             id: String::new(),
+            stopped,
+            watcher,
         };
         let ready: Ready = agent.answer(Instant::now() + START_BUDGET).await?;
         let keeper = uid.saturating_add(1);
@@ -402,7 +445,15 @@ impl Agent {
     /// once per request, and only after it was asked).
     async fn next_line(&mut self, deadline: Instant) -> Result<Vec<u8>, AgentError> {
         loop {
-            let bytes = match tokio::time::timeout_at(deadline, self.attached.stdout.next()).await {
+            let next = async {
+                tokio::select! {
+                    // An answer already sent counts even if the container then stopped.
+                    biased;
+                    bytes = self.attached.stdout.next() => bytes,
+                    () = container_stopped(&mut self.stopped) => None,
+                }
+            };
+            let bytes = match tokio::time::timeout_at(deadline, next).await {
                 Ok(Some(bytes)) => bytes,
                 Ok(None) => {
                     let stderr = String::from_utf8_lossy(self.attached.stdout.stderr());

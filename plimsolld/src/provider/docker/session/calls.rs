@@ -25,6 +25,8 @@ use crate::provider::{ProjectPlan, ProjectReport, SessionFault, SnippetOutcome};
 /// one plimsolld sets; nothing secret is in it), as for a one-shot runner.
 const PROC_CHECKS_RUNC: &[&str] = &["fd/0", "fd/1", "mem", "environ"];
 const PROC_CHECKS_RUNSC: &[&str] = &["fd/0", "fd/1", "mem"];
+/// How long a lost agent's container may take to read as stopped.
+const AGENT_LOST_SETTLE: Duration = Duration::from_secs(1);
 
 impl DockerSession {
     /// A snippet: `node -` as the guest, started by the agent with the code on its stdin (or
@@ -172,6 +174,9 @@ impl DockerSession {
     /// The session's end when its agent failed: the container's state names it, else the
     /// boundary could not be proven.
     pub(super) async fn agent_lost(&self, detail: &'static str) -> SessionFault {
+        // A container killed under a call ends the agent's stream before docker reads it as
+        // stopped: give it a moment, so that its end is named rather than guessed.
+        let _ = self.engine.wait(&self.id, AGENT_LOST_SETTLE).await;
         let reason = end_for(
             &self.engine,
             &self.id,
