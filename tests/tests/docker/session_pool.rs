@@ -115,11 +115,14 @@ fn total(sets: &[(String, u64)]) -> u64 {
     sets.iter().map(|(_, n)| n).sum()
 }
 
-/// A cell call that must be answered; answers the whole `run`.
+/// A cell call that must be answered; answers the whole `run`. Its deadline is generous: a
+/// session opened beside a refilling pool starts its interpreter under that load (under
+/// runsc on two cores it once took longer than the default), and no test here measures time.
 fn cell_run(d: &Daemon, id: &str, language: &str, code: &str) -> Value {
     let body = json!({
         "protocol": connect::PROTOCOL,
         "sessionId": id,
+        "timeoutMs": 30000,
         "cell": { "language": language, "code": code },
     });
     let resp = send(d.addr, &connect::call("SessionRun", &body));
