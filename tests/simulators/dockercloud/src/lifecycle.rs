@@ -278,17 +278,9 @@ async fn provision(state: Arc<State>, id: String, op_id: String, image_known: bo
 
 /// A running sandbox whose container stops outside the API (its host failed, or a test
 /// killed it) has failed, as a service's VM that crashed would: its commands end with an
-/// error and it runs no more. docker does not always end an exec when a gVisor container
-/// dies, so the simulator learns of it from the container itself.
+/// error and it runs no more.
 async fn watch_for_death(state: Arc<State>, id: String, container: String) {
-    loop {
-        let _ = state.docker.wait_exit(&container).await;
-        if !state.docker.running(&container).await {
-            break;
-        }
-        // A wait that failed while the container runs (the engine restarting, say).
-        tokio::time::sleep(Duration::from_secs(1)).await;
-    }
+    state.docker.wait_dead(&container).await;
     let unexpected = state.lock().sandboxes.get(&id).is_some_and(|s| {
         s.status == Status::Running && !s.deleting && s.container.as_deref() == Some(&container)
     });

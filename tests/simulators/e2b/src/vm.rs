@@ -232,18 +232,9 @@ impl Vms {
         .await;
     }
 
-    /// Returns once `container` has stopped for good (a paused container still runs).
-    /// docker does not always end an exec's streams when a gVisor container dies, so the
-    /// simulator learns of a VM's death from the container itself.
+    /// Returns once `container` has stopped for good.
     pub async fn wait_dead(&self, container: &str) {
-        loop {
-            let _ = self.docker.wait_exit(container).await;
-            if !self.docker.running(container).await {
-                return;
-            }
-            // A wait that failed while the container runs (the engine restarting, say).
-            tokio::time::sleep(Duration::from_secs(1)).await;
-        }
+        self.docker.wait_dead(container).await
     }
 
     pub async fn pause(&self, container: &str) -> Result<(), VmError> {

@@ -284,6 +284,20 @@ impl Engine {
         }
     }
 
+    /// Returns once the container has stopped for good (a paused container still runs).
+    /// docker does not always end an exec's streams when a gVisor container dies, so a
+    /// simulator learns of a sandbox's death from the container itself.
+    pub async fn wait_dead(&self, id: &str) {
+        loop {
+            let _ = self.wait_exit(id).await;
+            if !self.running(id).await {
+                return;
+            }
+            // A wait that failed while the container runs (the engine restarting, say).
+            tokio::time::sleep(Duration::from_secs(1)).await;
+        }
+    }
+
     /// Ids of every container carrying `label` (running or not).
     pub async fn list_labelled(&self, label: &str) -> Result<Vec<String>, DockerError> {
         let options = ListContainersOptions {
