@@ -10,7 +10,6 @@
 //! directories.
 
 use std::sync::Arc;
-use std::time::Duration;
 
 use base64::Engine;
 use base64::engine::general_purpose::STANDARD;
@@ -158,14 +157,11 @@ pub async fn run_exec(
         out = exec_in(state, container, request) => out?,
         () = stops_running(state, id) => return Err(stopped()),
     };
-    // docker reports a command its container's death killed as killed by a signal (137),
-    // sometimes before the container reads as stopped; a VM's death ends the connection
-    // instead. A second tells the two apart (only commands that died by a signal wait).
-    if out.exit_code > 128
-        && tokio::time::timeout(Duration::from_secs(1), state.docker.wait_exit(container))
-            .await
-            .is_ok()
-        && !state.docker.running(container).await
+    // A VM's death ends the connection rather than reporting an exit.
+    if state
+        .docker
+        .died_with_container(container, out.exit_code)
+        .await
     {
         return Err(stopped());
     }

@@ -298,6 +298,18 @@ impl Engine {
         }
     }
 
+    /// Whether a command that exited `code` in container `id` died with it. docker reports a
+    /// command its container's death killed as killed by a signal (137), sometimes before the
+    /// container reads as stopped, where a service's sandbox would have ended the connection:
+    /// a second tells the two apart (only commands that died by a signal wait).
+    pub async fn died_with_container(&self, id: &str, code: i64) -> bool {
+        code > 128
+            && tokio::time::timeout(Duration::from_secs(1), self.wait_exit(id))
+                .await
+                .is_ok()
+            && !self.running(id).await
+    }
+
     /// Ids of every container carrying `label` (running or not).
     pub async fn list_labelled(&self, label: &str) -> Result<Vec<String>, DockerError> {
         let options = ListContainersOptions {

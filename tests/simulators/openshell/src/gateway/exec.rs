@@ -406,7 +406,10 @@ async fn run(
         .entry(&sandbox)
         .is_some_and(|e| !e.dying && e.phase() == SandboxPhase::Ready)
         && state.docker.running(&container).await;
-    let code = code.filter(|_| alive);
+    let code = match code.filter(|_| alive) {
+        Some(code) if state.docker.died_with_container(&container, code).await => None,
+        code => code,
+    };
     let last = match code {
         Some(code) => Ok(ExecSandboxEvent {
             payload: Some(Event::Exit(ExecSandboxExit {
