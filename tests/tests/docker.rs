@@ -188,6 +188,8 @@ mod bench;
 mod hostile;
 #[path = "docker/lifecycle.rs"]
 mod lifecycle;
+#[path = "support/lost_session.rs"]
+mod lost_session;
 #[path = "docker/module.rs"]
 mod module;
 #[path = "docker/project.rs"]

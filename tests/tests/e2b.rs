@@ -20,6 +20,8 @@ use serde_json::{Value, json};
 
 #[path = "support/endings.rs"]
 mod endings;
+#[path = "support/lost_session.rs"]
+mod lost_session;
 #[path = "support/verified.rs"]
 mod verified;
 

@@ -23,6 +23,9 @@ use plimsoll_tests::http1::{Connection, Request, Response};
 use plimsoll_tests::openshell::Gateway;
 use serde_json::{Value, json};
 
+#[path = "support/lost_session.rs"]
+mod lost_session;
+
 const ANSWER_TIMEOUT: Duration = Duration::from_secs(120);
 /// `SessionEnd` numbers (wire.md §5.4).
 const MAIN_PROCESS_ENDED: u8 = 4;
@@ -187,6 +190,36 @@ fn a_session_sandbox_that_dies_during_a_call_ends_the_session() {
         "{closed}"
     );
     assert_eq!(sandboxes_of(&gw, &run), Vec::<Value>::new());
+}
+
+/// A sandbox that dies while a snippet or a cell runs (its container killed from outside)
+/// ends the session then as `main_process_ended`, not at the call's deadline
+/// (`lost_session`); the sandboxes are deleted.
+#[test]
+fn a_session_sandbox_killed_during_a_snippet_or_a_cell_ends_then() {
+    if !docker_ready() {
+        return;
+    }
+    let gw = Gateway::start();
+    let Some(d) = gw.session_daemon(&[("SANDBOX_MAX_SESSIONS", "2")]) else {
+        return;
+    };
+    lost_session::a_session_sandbox_lost_mid_call(
+        &d,
+        "/tmp/work",
+        MAIN_PROCESS_ENDED,
+        |instance| {
+            let id = instance
+                .strip_prefix("openshell-sandbox:")
+                .expect("an openshell-sandbox instance");
+            gw.sandboxes()
+                .iter()
+                .find(|s| s["id"] == id)
+                .and_then(|s| s["container"].as_str().map(str::to_owned))
+                .expect("the sandbox's container")
+        },
+    );
+    gw.wait_empty(Duration::from_secs(60));
 }
 
 fn field(v: &Value, name: &str) -> String {

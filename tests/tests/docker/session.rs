@@ -12,6 +12,7 @@ use plimsoll_tests::{ClientsFile, fresh_token};
 use serde_json::{Value, json};
 use sha2::{Digest, Sha256};
 
+use super::lost_session;
 use super::{Shared, containers_of, docker, docker_ready, env_with, field, instance, send, stop};
 use plimsoll_tests::Daemon;
 
@@ -702,45 +703,23 @@ fn each_session_call_costs_a_rate_token() {
 }
 
 /// A container killed while a call runs (a host failure) ends the session then, not at the
-/// call's deadline: the call answers the ended session (`main_process_ended`), unmarked (its
-/// code ran), and the container goes. Under runsc docker does not always end the agent's exec
-/// stream when the container dies, so this is the daemon's own doing.
+/// call's deadline (`lost_session`): the call answers `main_process_ended`, unmarked, for a
+/// snippet (the agent's stream) and a cell (its interpreter's relay); the containers go.
 #[test]
 fn a_container_killed_during_a_call_ends_the_session_before_the_deadline() {
     require_docker!();
     let d = sessions();
-    let (id, _) = open(&d, json!({}));
-    let container = container_of(&js(&d, &id, "console.log(1)"));
-    let code = "require('fs').writeFileSync('/work/began', ''); setTimeout(() => {}, 60000)";
-    let (resp, after_kill) = std::thread::scope(|s| {
-        let call = s.spawn(|| {
-            session_run_as(
-                &d,
-                None,
-                &id,
-                json!({ "timeoutMs": 30000, "javascript": { "code": code } }),
-            )
-        });
-        poll("the call's code began", Duration::from_secs(20), || {
-            docker(&["exec", &container, "test", "-e", "/work/began"]).0
-        });
-        let (ok, out) = docker(&["kill", &container]);
-        assert!(ok, "docker kill: {out}");
-        let killed = Instant::now();
-        (call.join().expect("the call's thread"), killed.elapsed())
+    let killed = lost_session::a_session_sandbox_lost_mid_call(&d, "/work", 4, |instance| {
+        instance
+            .strip_prefix("docker-container:")
+            .expect("a docker-container instance")
+            .to_owned()
     });
-    assert!(
-        after_kill < Duration::from_secs(10),
-        "the call outlived its container by {after_kill:?}"
-    );
-    let err = ConnectError::of(&resp);
-    assert_eq!(err.code, "failed_precondition", "{resp}");
-    assert_eq!(err.not_dispatched(), None, "its code ran: unmarked");
-    assert_eq!(ended_reason(&err), Some(4), "main_process_ended: {resp}");
-    poll(
-        "the killed container's removal",
-        Duration::from_secs(30),
-        || container_state(&container).is_none(),
-    );
-    assert_eq!(close_as(&d, None, &id).status, 200);
+    for container in killed {
+        poll(
+            "the killed container's removal",
+            Duration::from_secs(30),
+            || container_state(&container).is_none(),
+        );
+    }
 }

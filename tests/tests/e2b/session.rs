@@ -9,6 +9,7 @@ use plimsoll_tests::connect::{self, ConnectError};
 use plimsoll_tests::e2b::{E2bSim, e2b_ready};
 use serde_json::{Value, json};
 
+use super::lost_session;
 use super::{field, send};
 
 /// `SessionEnd` numbers (wire.md §5.4).
@@ -202,5 +203,23 @@ fn an_e2b_session_whose_vm_changed_ends_as_sandbox_changed() {
             d.logs().join("\n")
         );
     }
+    e2b.wait_empty(Duration::from_secs(60));
+}
+
+/// A VM that dies while a snippet or a cell runs ends the session then, as `sandbox_changed`
+/// (E2B no longer lists it), not at the call's deadline (`lost_session`).
+#[test]
+fn an_e2b_session_whose_vm_dies_during_a_call_ends_then() {
+    require_e2b!();
+    let e2b = E2bSim::start();
+    let d = session_daemon(&e2b, &[("SANDBOX_SESSION_IDLE", "10m")]);
+    lost_session::a_session_sandbox_lost_mid_call(&d, "/home/user", SANDBOX_CHANGED, |instance| {
+        let vm = instance.strip_prefix("e2b-sandbox:").expect("instance");
+        e2b.sandboxes()
+            .iter()
+            .find(|s| s["sandboxID"] == vm)
+            .and_then(|s| s["container"].as_str().map(str::to_owned))
+            .expect("the VM's container")
+    });
     e2b.wait_empty(Duration::from_secs(60));
 }

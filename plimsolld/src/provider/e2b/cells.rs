@@ -197,13 +197,18 @@ impl E2bSession {
         let target = self.vm().map(|vm| target(&vm.envd, &self.root));
         // No warmed interpreters on e2b: nothing is ever unused.
         let mut unused = Vec::new();
-        cells::run(
+        let ran = cells::run(
             &mut self.interpreters,
             &mut unused,
             || target,
             language,
             call,
         )
-        .await
+        .await;
+        match ran {
+            // A relay lost with its VM is the session's end.
+            Err(SessionFault::Infrastructure(cause)) => Err(self.lost(cause).await),
+            other => other,
+        }
     }
 }

@@ -70,6 +70,11 @@ const CHECK: &str = "[ \"$(id -u)\" != 0 ] || exit 3; \
 const LIFETIME_SLACK: Duration = Duration::from_secs(60);
 /// What the caller is told when the VM went away under a call.
 const STOPPED_DURING_CALL: &str = "the session's VM stopped during the call";
+/// How long a VM whose stream was just lost may still be listed as running before it counts
+/// as alive (E2B, like its simulator, notices a dead VM a moment after its streams drop).
+const END_SETTLE: Duration = Duration::from_secs(3);
+/// How often it is asked meanwhile.
+const END_POLL: Duration = Duration::from_millis(250);
 
 /// One session's VM.
 pub struct E2bSession {
@@ -281,13 +286,29 @@ impl E2bSession {
         }
     }
 
-    /// A run that failed outside the guest: the session's end when the VM went away, else
-    /// an infrastructure error (the detail goes to the log only).
-    async fn run_fault(&self, e: RunError) -> SessionFault {
-        match self.gone().await {
-            Some(reason) => SessionFault::ended(reason, STOPPED_DURING_CALL),
-            None => SessionFault::infrastructure(E2bError::Run(e)),
+    /// [`Self::gone`] after a call lost its stream: asked again for up to [`END_SETTLE`].
+    async fn gone_settled(&self) -> Option<SessionEnd> {
+        let until = tokio::time::Instant::now() + END_SETTLE;
+        loop {
+            let gone = self.gone().await;
+            if gone.is_some() || tokio::time::Instant::now() >= until {
+                return gone;
+            }
+            tokio::time::sleep(END_POLL).await;
         }
+    }
+
+    /// A call that failed outside the guest: the session's end when the VM went away, else
+    /// an infrastructure error (the detail goes to the log only).
+    pub(super) async fn lost(&self, cause: impl Into<crate::provider::Cause>) -> SessionFault {
+        match self.gone_settled().await {
+            Some(reason) => SessionFault::ended(reason, STOPPED_DURING_CALL),
+            None => SessionFault::infrastructure(cause),
+        }
+    }
+
+    async fn run_fault(&self, e: RunError) -> SessionFault {
+        self.lost(E2bError::Run(e)).await
     }
 
     /// Resumes a paused VM with E2B's timeout set past the session's end; new tokens in the
@@ -464,7 +485,7 @@ impl SessionSandbox for E2bSession {
         };
         // A step lost with its VM ends the session rather than answering.
         if result.outcome == ProjectOutcome::PROJECT_OUTCOME_RUNNER_FAILED
-            && let Some(reason) = self.gone().await
+            && let Some(reason) = self.gone_settled().await
         {
             return Err(SessionFault::ended(reason, STOPPED_DURING_CALL));
         }

@@ -34,13 +34,18 @@ impl OpenShellSession {
             .map(|(gateway, sandbox)| cell::target(gateway, sandbox));
         // No warmed interpreters on openshell: nothing is ever unused.
         let mut unused = Vec::new();
-        cells::run(
+        let ran = cells::run(
             &mut self.interpreters,
             &mut unused,
             || target,
             language,
             call,
         )
-        .await
+        .await;
+        match ran {
+            // A relay lost with its sandbox is the session's end.
+            Err(SessionFault::Infrastructure(cause)) => Err(self.lost(cause).await),
+            other => other,
+        }
     }
 }

@@ -216,7 +216,7 @@ impl OpenShellSession {
 
     /// A call that failed outside the guest: the session's end when the sandbox is gone or
     /// not running, else an infrastructure error (the detail goes to the log only).
-    async fn lost(&self, detail: impl Into<crate::provider::Cause>) -> SessionFault {
+    pub(super) async fn lost(&self, detail: impl Into<crate::provider::Cause>) -> SessionFault {
         match self
             .end_for(SessionEnd::SESSION_END_UNSPECIFIED, true)
             .await

@@ -232,7 +232,7 @@ async fn watch_stop(engine: Engine, container: String, stopped: watch::Sender<bo
 }
 
 /// Resolves once the container has stopped; never, if nobody watches any more.
-async fn container_stopped(stopped: &mut watch::Receiver<bool>) {
+pub(super) async fn container_stopped(stopped: &mut watch::Receiver<bool>) {
     if stopped.wait_for(|s| *s).await.is_err() {
         std::future::pending::<()>().await;
     }
@@ -295,6 +295,12 @@ impl Agent {
     /// The agent's identity.
     pub(super) fn id(&self) -> &str {
         &self.id
+    }
+
+    /// Turns true once the container has stopped, for a call that reads another stream (a
+    /// cell reads its interpreter's relay); see [`container_stopped`].
+    pub(super) fn stop_signal(&self) -> watch::Receiver<bool> {
+        self.stopped.clone()
     }
 
     /// One sweep (the relay's `agent::sweep`): answers its exit code, sweep.js's.

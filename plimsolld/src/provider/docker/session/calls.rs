@@ -174,15 +174,19 @@ impl DockerSession {
     /// The session's end when its agent failed: the container's state names it, else the
     /// boundary could not be proven.
     pub(super) async fn agent_lost(&self, detail: &'static str) -> SessionFault {
-        // A container killed under a call ends the agent's stream before docker reads it as
-        // stopped: give it a moment, so that its end is named rather than guessed.
-        let _ = self.engine.wait(&self.id, AGENT_LOST_SETTLE).await;
-        let reason = end_for(
-            &self.engine,
-            &self.id,
-            SessionEnd::SESSION_END_BOUNDARY_FAILED,
-        )
-        .await;
+        let reason = self
+            .container_end()
+            .await
+            .unwrap_or(SessionEnd::SESSION_END_BOUNDARY_FAILED);
         SessionFault::ended(reason, detail)
+    }
+
+    /// The end the container's state names (stopped, gone or paused), once it had a moment
+    /// to read so; none while it runs. A container killed under a call ends the streams into
+    /// it before docker reads it as stopped.
+    pub(super) async fn container_end(&self) -> Option<SessionEnd> {
+        let _ = self.engine.wait(&self.id, AGENT_LOST_SETTLE).await;
+        let end = end_for(&self.engine, &self.id, SessionEnd::SESSION_END_UNSPECIFIED).await;
+        (end != SessionEnd::SESSION_END_UNSPECIFIED).then_some(end)
     }
 }

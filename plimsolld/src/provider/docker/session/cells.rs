@@ -5,6 +5,7 @@
 //! ([`DockerSession::project_hold`]).
 
 use super::DockerSession;
+use super::agent::{Agent, container_stopped};
 use super::boundary;
 use super::cell::{self, CellError, CellLanguage, Guest, Interpreter};
 use crate::provider::guest::cells;
@@ -103,21 +104,45 @@ impl DockerSession {
         self.interpreters().iter().all(Interpreter::is_alive)
     }
 
-    /// Runs one cell.
+    /// Runs one cell. A container that stops under it (a host failure, an outside kill) ends
+    /// the session then, named by the container's state: docker does not always end the
+    /// relay's stream when a gVisor container dies, so the agent's watch is read beside it.
     pub(super) async fn run_cell(&mut self, call: CellCall) -> Result<CellOutcome, SessionFault> {
         let language = cells::language(&call, &self.languages)?;
         let target = cell::target(&self.engine, &self.id, &self.guest());
+        let stop = self
+            .agent
+            .get_mut()
+            .ok()
+            .and_then(|a| a.as_ref().map(Agent::stop_signal));
+        let Some(mut stopped) = stop else {
+            return Err(self.agent_lost("the session's agent is gone").await);
+        };
         let interpreters = self
             .interpreters
             .get_mut()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
-        cells::run(
-            interpreters,
-            &mut self.unused,
-            || Ok(target),
-            language,
-            call,
-        )
-        .await
+        let ran = tokio::select! {
+            // An answer already read counts even if the container then stopped.
+            biased;
+            ran = cells::run(interpreters, &mut self.unused, || Ok(target), language, call) => ran,
+            () = container_stopped(&mut stopped) => Err(SessionFault::infrastructure(
+                "the session's container stopped during a cell",
+            )),
+        };
+        match ran {
+            Err(SessionFault::Infrastructure(cause)) => match self.container_end().await {
+                Some(reason) => {
+                    tracing::warn!(error = %cause, "a session's container stopped during a cell");
+                    self.agent.get_mut().ok().map(Option::take);
+                    Err(SessionFault::ended(
+                        reason,
+                        "the session's container stopped during the cell",
+                    ))
+                }
+                None => Err(SessionFault::Infrastructure(cause)),
+            },
+            other => other,
+        }
     }
 }
