@@ -162,6 +162,16 @@ impl ConnectError {
         self.detail("plimsoll.v1.NotDispatched")
     }
 
+    /// The `SessionEnd` number of the `plimsoll.v1.SessionEnded` detail (its field 1, a
+    /// one-byte varint), if any.
+    pub fn session_ended(&self) -> Option<u8> {
+        self.detail("plimsoll.v1.SessionEnded").and_then(|b| {
+            (b.first() == Some(&0x08))
+                .then(|| b.get(1).copied())
+                .flatten()
+        })
+    }
+
     /// The value of the detail whose bare type name is `name`.
     pub fn detail(&self, name: &str) -> Option<Vec<u8>> {
         self.details

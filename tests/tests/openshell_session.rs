@@ -66,15 +66,6 @@ fn close(d: &Daemon, id: &str) -> Value {
     resp.json()
 }
 
-/// The `SessionEnded` reason number in an error answer.
-fn ended_reason(err: &ConnectError) -> Option<u8> {
-    err.detail("plimsoll.v1.SessionEnded").and_then(|b| {
-        (b.first() == Some(&0x08))
-            .then(|| b.get(1).copied())
-            .flatten()
-    })
-}
-
 /// The gateway's sandboxes whose id the run's `openshell-sandbox:<id>` instance names.
 fn sandboxes_of(gw: &Gateway, run: &Value) -> Vec<Value> {
     let id = run["instance"]
@@ -147,7 +138,11 @@ fn a_session_sandbox_that_reads_back_differently_ends_before_code_runs() {
         assert_ne!(resp.status, 200, "{name}: {resp}");
         let err = ConnectError::of(&resp);
         assert_eq!(err.code, "failed_precondition", "{name}: {err:?}");
-        assert_eq!(ended_reason(&err), Some(SANDBOX_CHANGED), "{name}: {err:?}");
+        assert_eq!(
+            err.session_ended(),
+            Some(SANDBOX_CHANGED),
+            "{name}: {err:?}"
+        );
         assert!(err.not_dispatched().is_some(), "{name}: marked: {err:?}");
         assert_eq!(gw.count("execs_started"), execs, "{name}: code ran");
         gw.faults(Faults::default());
@@ -183,7 +178,7 @@ fn a_session_sandbox_that_dies_during_a_call_ends_the_session() {
     gw.faults(Faults::default());
     assert_ne!(resp.status, 200, "{resp}");
     let err = ConnectError::of(&resp);
-    assert_eq!(ended_reason(&err), Some(MAIN_PROCESS_ENDED), "{err:?}");
+    assert_eq!(err.session_ended(), Some(MAIN_PROCESS_ENDED), "{err:?}");
     let closed = close(&d, &id);
     assert_eq!(
         closed["ended"], "SESSION_END_MAIN_PROCESS_ENDED",

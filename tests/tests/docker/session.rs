@@ -100,15 +100,6 @@ fn fingerprint(id: &str) -> String {
     hex::encode(Sha256::digest(id.as_bytes()))
 }
 
-/// The `SessionEnded` reason number in an error answer.
-fn ended_reason(err: &ConnectError) -> Option<u8> {
-    err.detail("plimsoll.v1.SessionEnded").and_then(|b| {
-        (b.first() == Some(&0x08))
-            .then(|| b.get(1).copied())
-            .flatten()
-    })
-}
-
 fn end_number(v: &Value, field: &str) -> u8 {
     match v[field].as_str().unwrap_or("SESSION_END_UNSPECIFIED") {
         "SESSION_END_CLOSED" => CLOSED,
@@ -332,7 +323,7 @@ fn an_unknown_session_id_is_not_found_and_marked_as_not_run() {
         let err = ConnectError::of(&resp);
         assert_eq!(err.code, "not_found", "{resp}");
         assert_eq!(err.not_dispatched(), Some(Reason::Request.detail_bytes()));
-        assert_eq!(ended_reason(&err), Some(NOT_FOUND));
+        assert_eq!(err.session_ended(), Some(NOT_FOUND));
     }
 }
 
@@ -356,7 +347,7 @@ fn a_session_past_its_lifetime_ends_as_expired_and_its_container_goes() {
     let err = ConnectError::of(&resp);
     assert_eq!(err.code, "failed_precondition", "{resp}");
     assert_eq!(err.not_dispatched(), Some(Reason::Request.detail_bytes()));
-    assert_eq!(ended_reason(&err), Some(EXPIRED));
+    assert_eq!(err.session_ended(), Some(EXPIRED));
     let summary = close_as(&d, None, &id).json();
     assert_eq!(end_number(&summary, "ended"), EXPIRED, "{summary}");
     assert_eq!(summary["calls"], "1");
@@ -445,7 +436,7 @@ fn caps_a_foreign_caller_and_the_owner_cap_replacing_an_idle_session() {
     ] {
         let err = ConnectError::of(&resp);
         assert_eq!(err.code, "not_found", "{resp}");
-        assert_eq!(ended_reason(&err), Some(NOT_FOUND));
+        assert_eq!(err.session_ended(), Some(NOT_FOUND));
     }
 
     // A second session for the same owner replaces the idle first one.
@@ -458,7 +449,7 @@ fn caps_a_foreign_caller_and_the_owner_cap_replacing_an_idle_session() {
     );
     let err = ConnectError::of(&replaced);
     assert_eq!(err.code, "failed_precondition", "{replaced}");
-    assert_eq!(ended_reason(&err), Some(REPLACED));
+    assert_eq!(err.session_ended(), Some(REPLACED));
 
     // The per-caller cap (2) refuses a third live session as capacity.
     let (_third, _) = open_as(&d, Some(&alice), json!({}));
@@ -600,7 +591,7 @@ fn a_call_cut_short_by_the_lifetime_is_unanswered_and_still_chained() {
     let err = ConnectError::of(&resp);
     assert_eq!(err.code, "failed_precondition", "{resp}");
     assert_eq!(err.not_dispatched(), None, "it may have run: unmarked");
-    assert_eq!(ended_reason(&err), Some(EXPIRED));
+    assert_eq!(err.session_ended(), Some(EXPIRED));
     let record = err
         .detail("plimsoll.v1.UnansweredCall")
         .expect("an UnansweredCall detail");
@@ -634,7 +625,7 @@ fn a_call_that_fills_the_disk_budget_ends_the_session_at_the_next_call() {
     let resp = session_run_as(&d, None, &id, json!({ "javascript": { "code": "1" } }));
     let err = ConnectError::of(&resp);
     assert_eq!(err.code, "failed_precondition", "{resp}");
-    assert_eq!(ended_reason(&err), Some(3), "disk_exceeded");
+    assert_eq!(err.session_ended(), Some(3), "disk_exceeded");
     let summary = close_as(&d, None, &id).json();
     assert_eq!(summary["ended"], "SESSION_END_DISK_EXCEEDED", "{summary}");
     stop(d);
@@ -668,7 +659,7 @@ fn the_read_back_ends_a_session_whose_container_was_changed_paused_or_stopped() 
         let err = ConnectError::of(&resp);
         assert_eq!(err.code, "failed_precondition", "{action:?}: {resp}");
         assert_eq!(err.not_dispatched(), Some(Reason::Request.detail_bytes()));
-        assert_eq!(ended_reason(&err), Some(end), "{action:?}: {resp}");
+        assert_eq!(err.session_ended(), Some(end), "{action:?}: {resp}");
         poll(
             "the changed container's removal",
             Duration::from_secs(30),

@@ -54,14 +54,6 @@ fn js(d: &Daemon, id: &str, code: &str) -> (String, String) {
     )
 }
 
-fn ended_reason(err: &ConnectError) -> Option<u8> {
-    err.detail("plimsoll.v1.SessionEnded").and_then(|b| {
-        (b.first() == Some(&0x08))
-            .then(|| b.get(1).copied())
-            .flatten()
-    })
-}
-
 /// The simulator's state of VM `id` (`running`, `paused`), or `None` once it is gone.
 fn state_of(e2b: &E2bSim, id: &str) -> Option<String> {
     e2b.sandboxes()
@@ -197,7 +189,7 @@ fn an_e2b_session_whose_vm_changed_ends_as_sandbox_changed() {
         assert_ne!(resp.status, 200, "{method} {path}: {resp}");
         let err = ConnectError::of(&resp);
         assert_eq!(
-            ended_reason(&err),
+            err.session_ended(),
             Some(SANDBOX_CHANGED),
             "{method}: {err:?}\n{}",
             d.logs().join("\n")

@@ -76,7 +76,7 @@ pub fn a_session_sandbox_lost_mid_call(
         let err = ConnectError::of(&resp);
         assert_eq!(err.code, "failed_precondition", "{kind}: {resp}");
         assert_eq!(err.not_dispatched(), None, "{kind}: its code ran: unmarked");
-        assert_eq!(ended_reason(&err), Some(reason), "{kind}: {resp}");
+        assert_eq!(err.session_ended(), Some(reason), "{kind}: {resp}");
         let body = json!({ "protocol": connect::PROTOCOL, "sessionId": id });
         let closed = send(d.addr, &connect::call("CloseSession", &body));
         assert_eq!(closed.status, 200, "{kind}: close: {closed}");
@@ -101,13 +101,4 @@ fn session_run(d: &Daemon, id: &str, payload: Value) -> plimsoll_tests::http1::R
         b.extend(p.clone());
     }
     send(d.addr, &connect::call("SessionRun", &body))
-}
-
-/// The `SessionEnded` reason number in an error answer.
-fn ended_reason(err: &ConnectError) -> Option<u8> {
-    err.detail("plimsoll.v1.SessionEnded").and_then(|b| {
-        (b.first() == Some(&0x08))
-            .then(|| b.get(1).copied())
-            .flatten()
-    })
 }
