@@ -208,8 +208,12 @@ fn the_step_and_the_worker_deadline() {
         Duration::from_secs(118)
     );
     assert_eq!(
+        worker_deadline(Duration::from_secs(3)),
+        Duration::from_secs(2)
+    );
+    assert_eq!(
         worker_deadline(Duration::from_secs(1)),
-        Duration::from_millis(750)
+        Duration::from_millis(500)
     );
     assert_eq!(
         worker_deadline(Duration::from_millis(100)),
