@@ -6,6 +6,8 @@
 //! provider can do: prove the sandbox is still the one opened, run a call in it, prove the
 //! call boundary afterwards, suspend it, and remove it.
 
+use std::future::Future;
+use std::ops::ControlFlow;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
@@ -62,6 +64,30 @@ pub struct PoolStatus {
     pub claims: u64,
     /// Opens that made their own sandbox while the pool was on.
     pub misses: u64,
+}
+
+/// How long a hosted sandbox whose call just lost its stream may still read back as running
+/// before it counts as alive: a service notices a dead sandbox a moment after its streams
+/// drop, and a session must not be kept on a sandbox that is already gone.
+pub const LOST_SETTLE: Duration = Duration::from_secs(3);
+
+/// Asks `read` every `every` until it settles (`Break`) or `within` has passed; then the
+/// last unsettled answer (`Continue`). `read` runs at least once.
+pub async fn settle<T, F, Fut>(within: Duration, every: Duration, mut read: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = ControlFlow<T, T>>,
+{
+    let until = tokio::time::Instant::now() + within;
+    loop {
+        match read().await {
+            ControlFlow::Break(settled) => return settled,
+            ControlFlow::Continue(so_far) if tokio::time::Instant::now() >= until => {
+                return so_far;
+            }
+            ControlFlow::Continue(_) => tokio::time::sleep(every).await,
+        }
+    }
 }
 
 /// Why a session step did not produce its result.
@@ -205,4 +231,55 @@ pub trait SessionSandbox: Send + Sync + 'static {
 
     /// Removes the sandbox; returns once it is gone (or every attempt failed, logged).
     async fn finish(&mut self);
+}
+
+#[cfg(test)]
+mod tests {
+    use std::cell::Cell;
+
+    use super::*;
+
+    #[tokio::test(start_paused = true)]
+    async fn settle_returns_the_first_settled_answer() {
+        let asked = Cell::new(0);
+        let got = settle(Duration::from_secs(3), Duration::from_millis(100), || {
+            asked.set(asked.get() + 1);
+            let n = asked.get();
+            async move {
+                if n == 3 {
+                    ControlFlow::Break("gone")
+                } else {
+                    ControlFlow::Continue("running")
+                }
+            }
+        })
+        .await;
+        assert_eq!((got, asked.get()), ("gone", 3));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn settle_gives_the_last_answer_when_time_is_up() {
+        let asked = Cell::new(0);
+        let started = tokio::time::Instant::now();
+        let got = settle(Duration::from_secs(3), Duration::from_millis(250), || {
+            asked.set(asked.get() + 1);
+            let n = asked.get();
+            async move { ControlFlow::<u32, u32>::Continue(n) }
+        })
+        .await;
+        // Asked at 0, 250 ms, …, 3 s: thirteen times, and the answer is the thirteenth.
+        assert_eq!((got, asked.get()), (13, 13));
+        assert_eq!(started.elapsed(), Duration::from_secs(3));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn settle_within_nothing_asks_once() {
+        let asked = Cell::new(0);
+        let got = settle(Duration::ZERO, Duration::from_millis(100), || {
+            asked.set(asked.get() + 1);
+            async { ControlFlow::<&str, &str>::Continue("running") }
+        })
+        .await;
+        assert_eq!((got, asked.get()), ("running", 1));
+    }
 }

@@ -20,6 +20,7 @@
 //! Cells ([`super::cells`]): python and javascript interpreters as `user`, kept between calls
 //! and spared by the sweep, ended before project calls, granted calls and a suspend.
 
+use std::ops::ControlFlow;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
@@ -38,6 +39,7 @@ use crate::grant::host_client::{self, TokenPlacement};
 use crate::provider::docker::project::MAX_TIMEOUT;
 use crate::provider::docker::settings::SNIPPET_MAX_TIMEOUT;
 use crate::provider::guest::cell::Interpreter;
+use crate::provider::session::{LOST_SETTLE, settle};
 use crate::provider::{
     CellCall, CellOutcome, Hold, OpenedSession, ProjectPlan, ProjectReport, ProviderError,
     SessionFault, SessionOpen, SessionSandbox, SnippetOutcome,
@@ -70,10 +72,9 @@ const CHECK: &str = "[ \"$(id -u)\" != 0 ] || exit 3; \
 const LIFETIME_SLACK: Duration = Duration::from_secs(60);
 /// What the caller is told when the VM went away under a call.
 const STOPPED_DURING_CALL: &str = "the session's VM stopped during the call";
-/// How long a VM whose stream was just lost may still be listed as running before it counts
-/// as alive (E2B, like its simulator, notices a dead VM a moment after its streams drop).
-const END_SETTLE: Duration = Duration::from_secs(3);
-/// How often it is asked meanwhile.
+/// How often E2B is asked whether a VM whose stream was just lost is gone (for up to
+/// [`LOST_SETTLE`]: E2B, like its simulator, notices a dead VM a moment after its streams
+/// drop).
 const END_POLL: Duration = Duration::from_millis(250);
 
 /// One session's VM.
@@ -286,16 +287,15 @@ impl E2bSession {
         }
     }
 
-    /// [`Self::gone`] after a call lost its stream: asked again for up to [`END_SETTLE`].
+    /// [`Self::gone`] after a call lost its stream: asked again for up to [`LOST_SETTLE`].
     async fn gone_settled(&self) -> Option<SessionEnd> {
-        let until = tokio::time::Instant::now() + END_SETTLE;
-        loop {
-            let gone = self.gone().await;
-            if gone.is_some() || tokio::time::Instant::now() >= until {
-                return gone;
+        settle(LOST_SETTLE, END_POLL, || async {
+            match self.gone().await {
+                Some(end) => ControlFlow::Break(Some(end)),
+                None => ControlFlow::Continue(None),
             }
-            tokio::time::sleep(END_POLL).await;
-        }
+        })
+        .await
     }
 
     /// A call that failed outside the guest: the session's end when the VM went away, else

@@ -15,6 +15,7 @@
 //! - suspend is `StopSandbox` (files stay, processes end, the admission slot is given back);
 //!   the end is a confirmed delete.
 
+use std::ops::ControlFlow;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -29,6 +30,7 @@ use super::sandbox::{Lease, SandboxError, phase};
 use super::{Inner, Proven};
 use crate::grant::GuestGrant;
 use crate::provider::guest::boundary::{self, Listed};
+use crate::provider::session::{LOST_SETTLE, settle};
 use crate::provider::{
     CellCall, CellOutcome, Hold, OpenedSession, ProjectPlan, ProjectReport, ProviderError,
     SessionFault, SessionOpen, SessionSandbox, SnippetOutcome,
@@ -42,10 +44,8 @@ const LISTER_OUTPUT_CAP: usize = 64 * 1024;
 const SWEEP_OUTPUT_CAP: usize = 4096;
 /// Where the disk budget is measured: the only writable place the policy leaves.
 const MOUNTS: &str = "/tmp";
-/// How long a sandbox whose exec was lost may still read back READY before it counts as
-/// running (the gateway notices a dead container a moment later).
-const END_SETTLE: Duration = Duration::from_secs(3);
-/// How often it is asked meanwhile.
+/// How often the gateway is asked whether a sandbox whose exec was lost still runs (for up
+/// to [`LOST_SETTLE`]: the gateway notices a dead container a moment later).
 const END_POLL: Duration = Duration::from_millis(100);
 /// What the caller is told when the sandbox went away under a call.
 const STOPPED_DURING_CALL: &str = "the session's sandbox stopped during the call";
@@ -188,30 +188,29 @@ impl OpenShellSession {
     /// The session's end when the sandbox is gone or no longer running, else `default`.
     /// `lost`: an exec stream just ended without an exit, so the sandbox has probably died
     /// and the gateway may take a moment to say so: a READY answer is asked again for up to
-    /// [`END_SETTLE`].
+    /// [`LOST_SETTLE`].
     async fn end_for(&self, default: SessionEnd, lost: bool) -> SessionEnd {
         let Some(lease) = self.lease.as_ref() else {
             return SessionEnd::SESSION_END_SANDBOX_CHANGED;
         };
-        let until = tokio::time::Instant::now() + if lost { END_SETTLE } else { Duration::ZERO };
-        loop {
-            let reason = match lease.gateway().get(lease.name()).await {
-                Err(e) if e.is_not_found() => SessionEnd::SESSION_END_SANDBOX_CHANGED,
-                Err(_) => return default,
+        let within = if lost { LOST_SETTLE } else { Duration::ZERO };
+        settle(within, END_POLL, || async {
+            match lease.gateway().get(lease.name()).await {
+                Err(e) if e.is_not_found() => {
+                    ControlFlow::Break(SessionEnd::SESSION_END_SANDBOX_CHANGED)
+                }
+                Err(_) => ControlFlow::Break(default),
                 Ok(got) => match phase(&got) {
-                    SandboxPhase::Ready => default,
+                    SandboxPhase::Ready => ControlFlow::Continue(default),
                     // Stopped or deleted by someone else.
                     SandboxPhase::Deleting | SandboxPhase::Stopping | SandboxPhase::Stopped => {
-                        SessionEnd::SESSION_END_SANDBOX_CHANGED
+                        ControlFlow::Break(SessionEnd::SESSION_END_SANDBOX_CHANGED)
                     }
-                    _ => SessionEnd::SESSION_END_MAIN_PROCESS_ENDED,
+                    _ => ControlFlow::Break(SessionEnd::SESSION_END_MAIN_PROCESS_ENDED),
                 },
-            };
-            if reason != default || tokio::time::Instant::now() >= until {
-                return reason;
             }
-            tokio::time::sleep(END_POLL).await;
-        }
+        })
+        .await
     }
 
     /// A call that failed outside the guest: the session's end when the sandbox is gone or

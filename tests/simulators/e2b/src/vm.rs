@@ -234,7 +234,7 @@ impl Vms {
 
     /// Returns once `container` has stopped for good.
     pub async fn wait_dead(&self, container: &str) {
-        self.docker.wait_dead(container).await
+        self.docker.wait_dead(container).await;
     }
 
     pub async fn pause(&self, container: &str) -> Result<(), VmError> {

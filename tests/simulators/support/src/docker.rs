@@ -284,14 +284,15 @@ impl Engine {
         }
     }
 
-    /// Returns once the container has stopped for good (a paused container still runs).
-    /// docker does not always end an exec's streams when a gVisor container dies, so a
-    /// simulator learns of a sandbox's death from the container itself.
-    pub async fn wait_dead(&self, id: &str) {
+    /// Returns once the container has stopped for good (a paused container still runs), with
+    /// its exit code when docker's wait told it. docker does not always end an exec's streams
+    /// when a gVisor container dies, so a simulator learns of a sandbox's death from the
+    /// container itself.
+    pub async fn wait_dead(&self, id: &str) -> Option<i64> {
         loop {
-            let _ = self.wait_exit(id).await;
+            let code = self.wait_exit(id).await;
             if !self.running(id).await {
-                return;
+                return code;
             }
             // A wait that failed while the container runs (the engine restarting, say).
             tokio::time::sleep(Duration::from_secs(1)).await;

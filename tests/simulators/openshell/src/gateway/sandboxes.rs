@@ -314,9 +314,10 @@ async fn provision(state: Arc<State>, name: String, generation: u64) {
 }
 
 /// Waits for the container of a READY sandbox to stop by itself (or be killed by a fault)
-/// and records it: COMPLETED with the exit code, or ERROR when a fault killed it.
+/// and records it: COMPLETED with the exit code, or ERROR when a fault killed it. A wait
+/// docker ends while the container still runs is not a death (`Engine::wait_dead`).
 async fn watch(state: Arc<State>, name: String, container: String, generation: u64) {
-    let code = state.docker.wait_exit(&container).await;
+    let code = state.docker.wait_dead(&container).await;
     state.update(&name, |entry| {
         if entry.generation != generation || entry.phase() != SandboxPhase::Ready {
             return;
