@@ -163,6 +163,7 @@ pub async fn run_exec(
         .died_with_container(container, out.exit_code)
         .await
     {
+        crate::lifecycle::container_died(state, id, container);
         return Err(stopped());
     }
     Ok(out)

@@ -281,14 +281,21 @@ async fn provision(state: Arc<State>, id: String, op_id: String, image_known: bo
 /// error and it runs no more.
 async fn watch_for_death(state: Arc<State>, id: String, container: String) {
     state.docker.wait_dead(&container).await;
-    let unexpected = state.lock().sandboxes.get(&id).is_some_and(|s| {
-        s.status == Status::Running && !s.deleting && s.container.as_deref() == Some(&container)
+    container_died(&state, &id, &container);
+}
+
+/// Sandbox `id`'s container `container` was seen dead: a sandbox still running on it (not
+/// being deleted) has failed. Called by its watcher and by a command that saw the death
+/// first, so no reader sees the error of one and the RUNNING of the other.
+pub fn container_died(state: &State, id: &str, container: &str) {
+    let unexpected = state.lock().sandboxes.get(id).is_some_and(|s| {
+        s.status == Status::Running && !s.deleting && s.container.as_deref() == Some(container)
     });
     if unexpected {
         tracing::info!(sandbox = %id, "the sandbox's container died: it failed");
         fail(
-            &state,
-            &id,
+            state,
+            id,
             Code::Internal,
             "the sandbox's VM stopped unexpectedly",
         );
