@@ -1,6 +1,6 @@
-//! Everything that can go wrong between plimsolld and docker, one variant per step. A run
-//! that meets one answers an infrastructure failure; a failed readiness check is refused
-//! before anything runs instead (`not_ready` in the provider).
+//! The docker provider's error type. A run that meets one answers an infrastructure
+//! failure; a failed readiness check is refused before anything runs instead (`not_ready`
+//! in the provider).
 
 use std::path::PathBuf;
 use std::time::Duration;
