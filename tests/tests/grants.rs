@@ -17,6 +17,7 @@ mod grants {
     pub mod openshell;
     pub mod sessions;
     pub mod sessions_spare;
+    pub mod sessions_woken;
 }
 
 use std::net::SocketAddr;
