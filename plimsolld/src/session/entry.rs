@@ -167,6 +167,26 @@ impl Entry {
         first
     }
 
+    /// Marks the session ended as [`Entry::mark_ended`] does, but only while no call holds or
+    /// waits for its turn, checked in the same step: a call that has just taken the turn is
+    /// never cut off, and one that comes after finds the session ended. Returns whether it
+    /// ended it.
+    pub fn mark_ended_if_idle(&self, reason: SessionEnd, detail: &str) -> bool {
+        {
+            let mut life = self.life();
+            if life.queued != 0 || life.ended.is_some() {
+                return false;
+            }
+            life.ended = Some(Ended {
+                reason,
+                detail: detail.to_owned(),
+            });
+        }
+        self.changed.notify_one();
+        self.ending.notify_waiters();
+        true
+    }
+
     /// Returns once the session has ended (at once if it already has).
     pub async fn until_ended(&self) -> Ended {
         loop {

@@ -21,6 +21,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
+use tokio::sync::Notify;
+
 use plimsoll::refusal::Refusal;
 use plimsoll::wire::SessionEnd;
 
@@ -30,6 +32,9 @@ use crate::admission::Admission;
 use crate::config::session::SessionConfig;
 use crate::grant::SessionSlot;
 use crate::provider::{Hold, OpenedSession, Provider, ProviderError, SessionOpen};
+
+/// The refusal of an open at the owner's cap when none of the owner's sessions is idle.
+const OWNER_BUSY: &str = "this owner's sessions are all busy or still opening and at the owner's cap; retry when one is idle";
 
 /// How long a session that ended by itself stays collectable.
 pub const COLLECTABLE_FOR: Duration = Duration::from_secs(10 * 60);
@@ -54,10 +59,33 @@ pub struct Sessions {
     provider: Arc<dyn Provider>,
     admission: Arc<Admission>,
     entries: Mutex<HashMap<String, Arc<Entry>>>,
-    /// Opens run one at a time, so the caps hold without reservations; the drain takes it
-    /// to wait for opens in flight.
-    opening: tokio::sync::Mutex<()>,
+    /// Opens past their caps and admission and not yet in the table. The caps count them,
+    /// so opens run side by side (a slow provider never makes another caller's open wait),
+    /// and the drain waits for them.
+    opening: Mutex<Vec<Opening>>,
+    /// Wakes the drain when an open leaves `opening`.
+    opened: Notify,
     draining: AtomicBool,
+}
+
+/// An open in flight, as the caps count it.
+struct Opening {
+    key: u64,
+    caller: String,
+    owner: String,
+}
+
+/// An open's place in [`Sessions::opening`], given up on drop (opened, failed or abandoned).
+struct OpeningGuard<'a> {
+    sessions: &'a Sessions,
+    key: u64,
+}
+
+impl Drop for OpeningGuard<'_> {
+    fn drop(&mut self) {
+        self.sessions.opening().retain(|o| o.key != self.key);
+        self.sessions.opened.notify_waiters();
+    }
 }
 
 impl Sessions {
@@ -72,7 +100,8 @@ impl Sessions {
             provider,
             admission,
             entries: Mutex::new(HashMap::new()),
-            opening: tokio::sync::Mutex::new(()),
+            opening: Mutex::new(Vec::new()),
+            opened: Notify::new(),
             draining: AtomicBool::new(false),
         })
     }
@@ -87,6 +116,11 @@ impl Sessions {
         self.entries.lock().unwrap_or_else(|e| e.into_inner())
     }
 
+    fn opening(&self) -> MutexGuard<'_, Vec<Opening>> {
+        // The same: pushes and removals are single calls.
+        self.opening.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
     /// Live (not ended) sessions.
     pub fn live(&self) -> usize {
         self.entries()
@@ -99,36 +133,52 @@ impl Sessions {
     /// broker's socket (`slot`, awaited only once the open is admitted, so a refused open
     /// never reaches the broker), then the provider's sandbox, with the slot's socket
     /// mounted when there is one. `stated` is completed with the id and what the provider
-    /// opened.
+    /// opened. The checks up to the replacement are one step; the awaits after run beside
+    /// other opens, which count this one against the caps meanwhile.
     pub async fn open(
         self: &Arc<Self>,
         terms: OpenTerms,
         slot: impl Future<Output = Option<SessionSlot>>,
         stated: impl FnOnce(&OpenedSession) -> Stated,
     ) -> Result<Arc<Entry>, ProviderError> {
-        let _opening = self.opening.lock().await;
-        if self.draining.load(Ordering::SeqCst) {
-            return Err(Refusal::AtCapacity(
-                "the daemon is shutting down and opens no sessions".to_owned(),
+        let (permit, paid, _opening) = {
+            let mut opening = self.opening();
+            if self.draining.load(Ordering::SeqCst) {
+                return Err(Refusal::AtCapacity(
+                    "the daemon is shutting down and opens no sessions".to_owned(),
+                )
+                .into());
+            }
+            let victims = self.check_caps(&terms, &opening)?;
+            let permit = self.admission.admit(&terms.caller)?;
+            // On a metered provider the session's whole lifetime is reserved (its VM lives
+            // that long at most), whatever it is suspended; the VM settles it when it is gone.
+            let paid = self
+                .admission
+                .reserve_paid(&terms.caller, terms.paid_allowance, terms.lifetime)?
+                .map(Arc::new);
+            if let Some(victims) = victims {
+                // The least recently used that is still idle at this instant.
+                if !victims.iter().any(|victim| self.replace(victim)) {
+                    return Err(Refusal::AtCapacity(OWNER_BUSY.to_owned()).into());
+                }
+            }
+            let key = rand::random::<u64>();
+            opening.push(Opening {
+                key,
+                caller: terms.caller.clone(),
+                owner: terms.owner.clone(),
+            });
+            (
+                permit,
+                paid,
+                OpeningGuard {
+                    sessions: self,
+                    key,
+                },
             )
-            .into());
-        }
-        let victim = self.check_caps(&terms)?;
-        let permit = self.admission.admit(&terms.caller)?;
-        // On a metered provider the session's whole lifetime is reserved (its VM lives
-        // that long at most), whatever it is suspended; the VM settles it when it is gone.
-        let paid = self
-            .admission
-            .reserve_paid(&terms.caller, terms.paid_allowance, terms.lifetime)?
-            .map(Arc::new);
+        };
         let slot = slot.await;
-        if let Some(victim) = victim {
-            self.end(
-                &victim,
-                SessionEnd::SESSION_END_REPLACED,
-                "the owner's session cap was reached and a newer session replaced this one",
-            );
-        }
         let opened = self
             .provider
             .open_session(SessionOpen {
@@ -150,17 +200,30 @@ impl Sessions {
         self.entries()
             .insert(entry.stated.id.clone(), Arc::clone(&entry));
         tokio::spawn(watch::watch(Arc::clone(self), Arc::clone(&entry)));
+        // A drain that gave up waiting for this open has ended the table without it.
+        if self.draining.load(Ordering::SeqCst) {
+            self.end(
+                &entry,
+                SessionEnd::SESSION_END_SHUTDOWN,
+                "the daemon is shutting down",
+            );
+        }
         Ok(entry)
     }
 
-    /// The daemon-wide, per-caller and per-owner caps. At the owner's cap, the owner's least
-    /// recently used idle session is chosen to be replaced; if all are busy, the open is
-    /// refused.
-    fn check_caps(&self, terms: &OpenTerms) -> Result<Option<Arc<Entry>>, Refusal> {
+    /// The daemon-wide, per-caller and per-owner caps, counting `opening` (the opens in
+    /// flight) with the live sessions. At the owner's cap, answers the owner's idle sessions,
+    /// least recently used first, one of which the open replaces; if none is idle, the open
+    /// is refused.
+    fn check_caps(
+        &self,
+        terms: &OpenTerms,
+        opening: &[Opening],
+    ) -> Result<Option<Vec<Arc<Entry>>>, Refusal> {
         let entries = self.entries();
         let live: Vec<&Arc<Entry>> = entries.values().filter(|e| e.ended().is_none()).collect();
         let c = &self.config;
-        if live.len() >= c.max_sessions as usize {
+        if live.len() + opening.len() >= c.max_sessions as usize {
             return Err(Refusal::AtCapacity(format!(
                 "the daemon holds its maximum of {} sessions; close one or retry later",
                 c.max_sessions
@@ -169,7 +232,8 @@ impl Sessions {
         let mine = live
             .iter()
             .filter(|e| e.stated.caller == terms.caller)
-            .count();
+            .count()
+            + opening.iter().filter(|o| o.caller == terms.caller).count();
         if c.per_caller > 0 && mine >= c.per_caller as usize {
             return Err(Refusal::AtCapacity(format!(
                 "this caller holds its maximum of {} sessions; close one first",
@@ -179,24 +243,23 @@ impl Sessions {
         if c.per_owner == 0 || terms.owner.is_empty() {
             return Ok(None);
         }
-        let owned: Vec<&&Arc<Entry>> = live
-            .iter()
+        let mut owned: Vec<&Arc<Entry>> = live
+            .into_iter()
             .filter(|e| e.stated.owner == terms.owner && e.stated.caller == terms.caller)
             .collect();
-        if owned.len() < c.per_owner as usize {
+        let owned_opening = opening
+            .iter()
+            .filter(|o| o.owner == terms.owner && o.caller == terms.caller)
+            .count();
+        if owned.len() + owned_opening < c.per_owner as usize {
             return Ok(None);
         }
-        owned
-            .into_iter()
-            .filter(|e| e.idle_now())
-            .min_by_key(|e| e.idle_state().0)
-            .map(|e| Some(Arc::clone(e)))
-            .ok_or_else(|| {
-                Refusal::AtCapacity(
-                    "this owner's sessions are all busy and at the owner's cap; retry when one is idle"
-                        .to_owned(),
-                )
-            })
+        owned.retain(|e| e.idle_now());
+        if owned.is_empty() {
+            return Err(Refusal::AtCapacity(OWNER_BUSY.to_owned()));
+        }
+        owned.sort_by_key(|e| e.idle_state().0);
+        Ok(Some(owned.into_iter().cloned().collect()))
     }
 
     /// The caller's session `id`; another caller's id looks unknown.
@@ -212,9 +275,27 @@ impl Sessions {
     /// path; the slot is released once the sandbox is gone. The entry stays collectable for
     /// [`COLLECTABLE_FOR`].
     pub fn end(self: &Arc<Self>, entry: &Arc<Entry>, reason: SessionEnd, detail: &str) {
-        if !entry.mark_ended(reason, detail) {
-            return;
+        if entry.mark_ended(reason, detail) {
+            self.remove_later(entry);
         }
+    }
+
+    /// Ends `entry` as replaced under the owner's cap, only if it is idle at this instant;
+    /// answers whether it did.
+    fn replace(self: &Arc<Self>, entry: &Arc<Entry>) -> bool {
+        let replaced = entry.mark_ended_if_idle(
+            SessionEnd::SESSION_END_REPLACED,
+            "the owner's session cap was reached and a newer session replaced this one",
+        );
+        if replaced {
+            self.remove_later(entry);
+        }
+        replaced
+    }
+
+    /// Removes an ended entry's sandbox off the caller's path; it stays collectable for
+    /// [`COLLECTABLE_FOR`].
+    fn remove_later(self: &Arc<Self>, entry: &Arc<Entry>) {
         let sessions = Arc::clone(self);
         let entry = Arc::clone(entry);
         tokio::spawn(async move {
@@ -256,11 +337,29 @@ impl Sessions {
     }
 
     /// The drain (providers.md §9.7): refuse new opens, wait for opens in flight, end every
-    /// session as `shutdown`, and wait up to `budget` for the removals.
+    /// session as `shutdown`, and wait up to `budget` for the removals. An open still in
+    /// flight when the budget is spent ends its own session as it lands.
     pub async fn drain(self: &Arc<Self>, budget: Duration) {
-        self.draining.store(true, Ordering::SeqCst);
+        {
+            // Under the lock the opens check the flag in, so every open that saw it unset
+            // is already in `opening`.
+            let _opening = self.opening();
+            self.draining.store(true, Ordering::SeqCst);
+        }
         let deadline = tokio::time::Instant::now() + budget;
-        let opening = tokio::time::timeout_at(deadline, self.opening.lock()).await;
+        loop {
+            let opened = self.opened.notified();
+            tokio::pin!(opened);
+            // Registered before the check, so an open leaving between the two is not missed.
+            opened.as_mut().enable();
+            if self.opening().is_empty() {
+                break;
+            }
+            if tokio::time::timeout_at(deadline, opened).await.is_err() {
+                tracing::warn!("drain: a session open is still in flight; it ends as it lands");
+                break;
+            }
+        }
         let all: Vec<Arc<Entry>> = self.entries().values().cloned().collect();
         for entry in &all {
             self.end(
@@ -280,7 +379,6 @@ impl Sessions {
                 break;
             }
         }
-        drop(opening);
         if !all.is_empty() {
             tracing::info!(sessions = all.len(), "drain: sessions ended");
         }

@@ -4,7 +4,7 @@
 //! sandbox is a recording stand-in; what a real sandbox does is tested end to end in `tests/`.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -27,6 +27,8 @@ struct Log {
     suspended: AtomicUsize,
     finished: AtomicUsize,
     opened: AtomicUsize,
+    /// How long the provider takes to open a sandbox, in ms.
+    open_ms: AtomicU64,
 }
 
 struct Recording(Arc<Log>);
@@ -87,6 +89,8 @@ impl Provider for FakeProvider {
     }
     async fn open_session(&self, _open: SessionOpen) -> Result<OpenedSession, ProviderError> {
         self.0.opened.fetch_add(1, Ordering::SeqCst);
+        let open_ms = self.0.open_ms.load(Ordering::SeqCst);
+        tokio::time::sleep(Duration::from_millis(open_ms)).await;
         Ok(OpenedSession {
             sandbox: Box::new(Recording(Arc::clone(&self.0))),
             environment: String::new(),
@@ -304,4 +308,127 @@ async fn the_drain_refuses_opens_and_removes_every_sandbox() {
         Err(ProviderError::Refused(Refusal::AtCapacity(_)))
     ));
     assert_eq!(log.opened.load(Ordering::SeqCst), 2);
+}
+
+/// Opens `n` sessions for owner "" at once, each taking the provider 1 s.
+fn slow_opens(
+    sessions: &Arc<Sessions>,
+    log: &Log,
+    n: usize,
+) -> Vec<tokio::task::JoinHandle<Arc<Entry>>> {
+    log.open_ms.store(1000, Ordering::SeqCst);
+    (0..n)
+        .map(|_| {
+            let sessions = Arc::clone(sessions);
+            tokio::spawn(async move { open(&sessions, "", Duration::ZERO).await })
+        })
+        .collect()
+}
+
+fn refused_open(
+    sessions: &Arc<Sessions>,
+) -> impl Future<Output = Result<Arc<Entry>, ProviderError>> {
+    sessions.open(
+        OpenTerms {
+            caller: "c".to_owned(),
+            owner: String::new(),
+            lifetime: Duration::from_secs(60),
+            languages: Vec::new(),
+            paid_allowance: None,
+        },
+        async { unreachable!("a refused open never asks the broker for a socket") },
+        |_| unreachable!("refused before the provider is asked"),
+    )
+}
+
+#[tokio::test(start_paused = true)]
+async fn opens_run_side_by_side_and_the_caps_count_those_in_flight() {
+    let caps = SessionConfig {
+        max_sessions: 2,
+        ..config()
+    };
+    let (sessions, log, admission) = table(caps, 4);
+    let started = tokio::time::Instant::now();
+    let opens = slow_opens(&sessions, &log, 2);
+    settle().await;
+    assert_eq!(
+        log.opened.load(Ordering::SeqCst),
+        2,
+        "the second open reached the provider while the first was still opening"
+    );
+    assert_eq!(
+        admission.in_flight(),
+        2,
+        "each open holds its slot from the start"
+    );
+    assert!(
+        matches!(
+            refused_open(&sessions).await,
+            Err(ProviderError::Refused(Refusal::AtCapacity(_)))
+        ),
+        "the daemon's cap counts the opens in flight"
+    );
+    for open in opens {
+        assert!(open.await.expect("task").ended().is_none());
+    }
+    assert!(
+        started.elapsed() < Duration::from_millis(1500),
+        "two 1 s opens took {:?}",
+        started.elapsed()
+    );
+    assert_eq!(sessions.live(), 2);
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_drain_waits_for_an_open_in_flight_and_ends_its_session() {
+    let (sessions, log, admission) = table(config(), 4);
+    let opens = slow_opens(&sessions, &log, 1);
+    settle().await;
+    sessions.drain(Duration::from_secs(5)).await;
+    assert_eq!(
+        log.finished.load(Ordering::SeqCst),
+        1,
+        "removed within the drain"
+    );
+    assert_eq!(admission.in_flight(), 0);
+    for open in opens {
+        let entry = open.await.expect("task");
+        assert_eq!(
+            entry.ended().map(|e| e.reason),
+            Some(SessionEnd::SESSION_END_SHUTDOWN)
+        );
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_open_landing_after_the_drain_gave_up_ends_its_own_session() {
+    let (sessions, log, admission) = table(config(), 4);
+    let opens = slow_opens(&sessions, &log, 1);
+    settle().await;
+    sessions.drain(Duration::from_millis(200)).await;
+    assert_eq!(log.finished.load(Ordering::SeqCst), 0, "still opening");
+    for open in opens {
+        let entry = open.await.expect("task");
+        assert_eq!(
+            entry.ended().map(|e| e.reason),
+            Some(SessionEnd::SESSION_END_SHUTDOWN)
+        );
+    }
+    until("the removal", || log.finished.load(Ordering::SeqCst) == 1).await;
+    assert_eq!(admission.in_flight(), 0);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_replacement_never_ends_a_session_whose_turn_is_taken() {
+    let (sessions, _, _) = table(config(), 4);
+    let entry = open(&sessions, "o", Duration::ZERO).await;
+    let turn = entry.take_turn().await.expect("turn");
+    assert!(!entry.mark_ended_if_idle(SessionEnd::SESSION_END_REPLACED, "test"));
+    assert!(entry.ended().is_none(), "the call's session lives on");
+    drop(turn);
+    assert!(entry.mark_ended_if_idle(SessionEnd::SESSION_END_REPLACED, "test"));
+    assert!(matches!(
+        entry.take_turn().await.map(drop),
+        Err(Refusal::SessionEnded { .. })
+    ));
 }
