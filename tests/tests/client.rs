@@ -9,6 +9,7 @@
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
+use std::os::unix::fs::PermissionsExt as _;
 use std::path::Path;
 use std::process::Command;
 use std::sync::Arc;
@@ -695,6 +696,11 @@ fn cli_exit_codes_distinguish_ok_guest_failure_refusal_and_bad_evidence() {
         .code(),
         Some(0)
     );
+    assert_eq!(
+        std::fs::metadata(sk).unwrap().permissions().mode() & 0o777,
+        0o600,
+        "the private key is its owner's only"
+    );
     let signed = cli(d.addr, None, &["attest", "sign", "--key", sk, s]);
     assert_eq!(signed.status.code(), Some(0), "{signed:?}");
     std::fs::write(&env, &signed.stdout).unwrap();
@@ -744,4 +750,42 @@ async fn cli_exit_code_4_when_the_call_may_have_run() {
         .await
         .unwrap();
     assert_eq!(out.status.code(), Some(4), "{out:?}");
+}
+
+#[test]
+fn cli_sends_a_project_as_regular_files_only_and_refuses_a_symbolic_link() {
+    let disabled = Daemon::open();
+    let dir = tempfile::tempdir().unwrap();
+    let project = dir.path().join("project");
+    std::fs::create_dir(&project).unwrap();
+    std::fs::write(project.join("main.py"), "print(1)\n").unwrap();
+    let outside = dir.path().join("secret.txt");
+    std::fs::write(&outside, "not for the sandbox\n").unwrap();
+    let p = project.to_str().unwrap();
+    // Without the link the project is read and sent: the disabled daemon refuses it (3).
+    let sent = cli(
+        disabled.addr,
+        None,
+        &["project", p, "--step", "python3 main.py"],
+    );
+    assert_eq!(sent.status.code(), Some(3), "{sent:?}");
+    // A link to a file outside the project: refused before anything is sent (2), by name.
+    std::os::unix::fs::symlink(&outside, project.join("key")).unwrap();
+    let linked = cli(
+        disabled.addr,
+        None,
+        &["project", p, "--step", "python3 main.py"],
+    );
+    assert_eq!(linked.status.code(), Some(2), "{linked:?}");
+    let err = String::from_utf8_lossy(&linked.stderr);
+    assert!(err.contains("key: a symbolic link"), "{err}");
+    // A link that loops back to the project is refused the same way, not followed forever.
+    std::fs::remove_file(project.join("key")).unwrap();
+    std::os::unix::fs::symlink(&project, project.join("again")).unwrap();
+    let looped = cli(
+        disabled.addr,
+        None,
+        &["project", p, "--step", "python3 main.py"],
+    );
+    assert_eq!(looped.status.code(), Some(2), "{looped:?}");
 }

@@ -6,6 +6,7 @@
 //! developer sets `PLIMSOLL_TEST_DOCKER_SKIP=1`.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+use std::os::unix::fs::PermissionsExt as _;
 use std::path::Path;
 use std::process::Command;
 use std::time::Duration;
@@ -235,6 +236,15 @@ fn the_cli_session_commands_exit_with_their_documented_codes() {
     assert!(
         opened.contains(&format!("isolation: {}", tier())),
         "{opened}"
+    );
+    assert_eq!(
+        std::fs::metadata(&state)
+            .expect("state file")
+            .permissions()
+            .mode()
+            & 0o777,
+        0o600,
+        "the state file names the session: its owner's only"
     );
     let ran = ok(
         cli(

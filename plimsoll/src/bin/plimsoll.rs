@@ -330,6 +330,24 @@ fn write(path: &Path, data: &[u8]) -> Result<(), Failed> {
     std::fs::write(path, data).map_err(|e| usage(format!("{}: {e}", path.display())))
 }
 
+/// Writes a file only its owner may read (a session state file holds the session id, which
+/// names the session to the daemon; a private key is a secret), tightening an existing one.
+fn write_private(path: &Path, data: &[u8]) -> Result<(), Failed> {
+    use std::io::Write;
+    use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+    let failed = |e: std::io::Error| usage(format!("{}: {e}", path.display()));
+    let mut file = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .open(path)
+        .map_err(failed)?;
+    file.set_permissions(std::fs::Permissions::from_mode(0o600))
+        .map_err(failed)?;
+    file.write_all(data).map_err(failed)
+}
+
 fn source(file: Option<&Path>, code: Option<&str>) -> Result<String, Failed> {
     match (file, code) {
         (_, Some(c)) => Ok(c.to_owned()),
@@ -338,19 +356,34 @@ fn source(file: Option<&Path>, code: Option<&str>) -> Result<String, Failed> {
     }
 }
 
-/// Every regular file under `dir`, as (relative path with `/`, text), sorted by path.
+/// Every regular file under `dir`, as (relative path with `/`, text), sorted by path. A
+/// symbolic link or any other kind of file is refused: following a link could send a file
+/// from outside the project (a key, a password file) into the sandbox, and skipping it
+/// would leave the project short without a word.
 fn read_tree(dir: &Path) -> Result<Vec<(String, String)>, Failed> {
     let mut out = Vec::new();
     let mut stack = vec![dir.to_path_buf()];
     while let Some(d) = stack.pop() {
         let entries = std::fs::read_dir(&d).map_err(|e| usage(format!("{}: {e}", d.display())))?;
         for entry in entries {
-            let path = entry
-                .map_err(|e| usage(format!("{}: {e}", d.display())))?
-                .path();
-            if path.is_dir() {
+            let entry = entry.map_err(|e| usage(format!("{}: {e}", d.display())))?;
+            let path = entry.path();
+            let kind = entry
+                .file_type()
+                .map_err(|e| usage(format!("{}: {e}", path.display())))?;
+            if kind.is_symlink() {
+                return Err(usage(format!(
+                    "{}: a symbolic link; a project is sent as regular files only (copy what it points to in place of the link, or remove it)",
+                    path.display()
+                )));
+            } else if kind.is_dir() {
                 stack.push(path);
-            } else if path.is_file() {
+            } else if !kind.is_file() {
+                return Err(usage(format!(
+                    "{}: not a regular file or a directory; a project is sent as regular files only",
+                    path.display()
+                )));
+            } else {
                 let rel = path
                     .strip_prefix(dir)
                     .map_err(|_| usage(format!("{}: outside {}", path.display(), dir.display())))?;
@@ -498,7 +531,7 @@ fn load_session(path: &Path) -> Result<SessionFile, Failed> {
 }
 
 fn save_session(path: &Path, sf: &SessionFile) -> Result<(), Failed> {
-    write(path, to_json(sf)?.as_bytes())
+    write_private(path, to_json(sf)?.as_bytes())
 }
 
 async fn session(cli: &Cli, cmd: &SessionCommand) -> Result<u8, Failed> {
@@ -590,7 +623,7 @@ fn attest_command(cmd: &AttestCommand) -> Result<u8, Failed> {
     match cmd {
         AttestCommand::Keygen { private, public } => {
             let (sk, pk) = attest::keygen().map_err(|e| usage(e.to_string()))?;
-            write(private, sk.as_bytes())?;
+            write_private(private, sk.as_bytes())?;
             write(public, pk.as_bytes())?;
             Ok(EXIT_OK)
         }
