@@ -338,3 +338,96 @@ fn a_held_interpreter_woken_by_its_own_timer_gets_no_answer() {
         assert_refused_as_outside(&f, &woken);
     }
 }
+
+/// A Python cell whose thread, a second after the cell (so after the call's sweep), starts a
+/// detached process that asks the session's socket for `/items/7` every 50 ms, then kills its
+/// own relay and ends the interpreter: at the next call no interpreter is left to hold or end.
+const ORPHAN_THEN_EXIT: &str = r#"
+import os, subprocess, threading, time
+POLL = """
+import socket, time
+while True:
+    try:
+        s = socket.socket(socket.AF_UNIX)
+        s.settimeout(2)
+        s.connect('/run/host-api.sock')
+        s.sendall(b'GET /items/7 HTTP/1.1\\r\\nHost: api\\r\\nConnection: close\\r\\n\\r\\n')
+        s.recv(64)
+        s.close()
+    except Exception:
+        pass
+    time.sleep(0.05)
+"""
+def _later():
+    time.sleep(1.0)
+    subprocess.Popen(['python3', '-c', POLL], start_new_session=True, stdin=subprocess.DEVNULL,
+                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    time.sleep(0.3)
+    # The interpreter's relay runs as the guest too: with it gone the interpreter counts as
+    # dead, and then the interpreter goes.
+    for pid in os.listdir('/proc'):
+        try:
+            if pid.isdigit() and b'plimsoll-relay\0cell' in open('/proc/%s/cmdline' % pid, 'rb').read():
+                os.kill(int(pid), 9)
+        except OSError:
+            pass
+    os._exit(0)
+threading.Thread(target=_later, daemon=True).start()
+print('planted')
+"#;
+
+/// A process an interpreter started after the last sweep, the interpreter itself gone by the
+/// next call. Fails before the fix (with no interpreter left, nothing was held, swept or
+/// quiesced before the lend, the broker checked no peer, and the orphan's requests were
+/// answered with the call's grant); passes after: an interpreter that outlived the last sweep
+/// means a sweep (runc) or the quiesce (runsc) before the grant is lent, and the API sees only
+/// the call's own request.
+#[test]
+fn a_process_left_by_an_interpreter_gone_since_the_sweep_never_meets_the_grant() {
+    if !docker_ready() {
+        return;
+    }
+    let f = Fixture::start();
+    f.write_grants(&session_profiles(&f));
+    f.api
+        .respond("GET", "/items/8", Reply::json(200, r#"{"id":8}"#));
+    let d = session_daemon(&f);
+    let resp = call(
+        &d,
+        &f.alice,
+        "OpenSession",
+        &json!({ "protocol": connect::PROTOCOL, "languages": ["python"] }),
+    );
+    assert_eq!(resp.status, 200, "open: {resp}");
+    let id = resp.json()["sessionId"]
+        .as_str()
+        .expect("sessionId")
+        .to_owned();
+    let resp = session_run(
+        &d,
+        &f.alice,
+        &id,
+        json!({ "cell": { "language": "python", "code": ORPHAN_THEN_EXIT } }),
+    );
+    assert_eq!(resp.status, 200, "{resp}");
+    assert_eq!(field(&resp.json()["run"]["cell"], "stdout"), "planted\n");
+    // The orphan starts a second after the cell and the interpreter ends 0.3 s later.
+    std::thread::sleep(Duration::from_millis(2500));
+    let (out, _) = snippet_ran(&d, &f.alice, &id, OWN, "sess");
+    assert!(out.contains("own 200\n"), "{out}");
+    std::thread::sleep(Duration::from_millis(300));
+    assert_eq!(
+        targets(&f),
+        vec![get("/items/8")],
+        "only the call's own request reached the API"
+    );
+    let closed = closed_lines(&d, "sess");
+    assert_eq!(closed[0]["host_calls"], 1, "{}", closed[0]);
+    let resp = call(
+        &d,
+        &f.alice,
+        "CloseSession",
+        &json!({ "protocol": connect::PROTOCOL, "sessionId": id }),
+    );
+    assert_eq!(resp.status, 200, "close: {resp}");
+}

@@ -96,6 +96,9 @@ pub struct E2bSession {
     /// A call's rule could not be taken off again: the session ends at the sweep.
     rule_left: bool,
     disk_mb: u32,
+    /// Whether guest code may have run since the last sweep: an interpreter outlived it (its
+    /// code runs between calls, and what it starts stays even once the interpreter is gone).
+    unswept: bool,
     /// When the session's lifetime ends (E2B's timeout is set past it on every resume).
     ends_at: SystemTime,
     environment: String,
@@ -151,6 +154,7 @@ pub(super) async fn open(e2b: &E2b, open: SessionOpen) -> Result<OpenedSession, 
         guarded,
         paused: false,
         rule_left: false,
+        unswept: false,
         disk_mb: open.disk_mb,
         ends_at,
         environment: e2b.environment.clone(),
@@ -183,6 +187,16 @@ fn boundary(cmd: &'static str, args: &'static [&'static str]) -> Command<'static
 }
 
 impl E2bSession {
+    /// Before a project call or a granted one: ends the kept interpreters and, when any
+    /// lived since the last sweep, sweeps, so nothing they started (gone themselves or not)
+    /// is left to see the runner's key or meet the grant. A dirty sweep ends the session.
+    async fn clear_kept(&mut self) -> Result<(), SessionFault> {
+        if self.end_interpreters().await || self.unswept {
+            self.sweep().await?;
+        }
+        Ok(())
+    }
+
     pub(super) fn vm(&self) -> Result<&Vm, SessionFault> {
         self.vm.as_ref().ok_or_else(|| {
             SessionFault::ended(
@@ -433,7 +447,7 @@ impl SessionSandbox for E2bSession {
     ) -> Result<SnippetOutcome, SessionFault> {
         if grant.is_some() {
             // A kept interpreter must not run inside the call's window to the guard.
-            self.end_interpreters().await;
+            self.clear_kept().await?;
         }
         let library = self.grant(grant.as_deref()).await;
         let library = match library {
@@ -468,7 +482,7 @@ impl SessionSandbox for E2bSession {
 
     async fn project(&mut self, plan: ProjectPlan) -> Result<ProjectReport, SessionFault> {
         // A kept interpreter runs as `user` like the runner and must not see its report key.
-        self.end_interpreters().await;
+        self.clear_kept().await?;
         let library = match self.grant(plan.grant.as_deref()).await {
             Ok(library) => library,
             Err(fault) => {
@@ -542,7 +556,10 @@ impl SessionSandbox for E2bSession {
             }
         };
         match exit {
-            Some(0) => Ok(()),
+            Some(0) => {
+                self.unswept = !kept.is_empty();
+                Ok(())
+            }
             Some(10) | Some(11) => Err(SessionFault::ended(
                 SessionEnd::SESSION_END_DISK_EXCEEDED,
                 "the session's files went over its disk budget",

@@ -63,6 +63,9 @@ pub struct OpenShellSession {
     /// The live cell interpreters, at most one per language.
     pub(super) interpreters: Vec<super::cell::Interpreter>,
     disk_mb: u32,
+    /// Whether guest code may have run since the last sweep: an interpreter outlived it (its
+    /// code runs between calls, and what it starts stays even once the interpreter is gone).
+    unswept: bool,
 }
 
 /// Opens a session sandbox for `open`.
@@ -82,6 +85,7 @@ pub(super) async fn open(
         proven,
         lease: Some(lease),
         keep: Vec::new(),
+        unswept: false,
         stopped: false,
         interpreters: Vec::new(),
         disk_mb: open.disk_mb,
@@ -132,6 +136,16 @@ fn boundary_command<'a>(
 }
 
 impl OpenShellSession {
+    /// Before a project call or a granted one: ends the kept interpreters and, when any
+    /// lived since the last sweep, sweeps, so nothing they started (gone themselves or not)
+    /// is left to see the runner's key or meet the grant. A dirty sweep ends the session.
+    async fn clear_kept(&mut self) -> Result<(), SessionFault> {
+        if self.end_interpreters().await || self.unswept {
+            self.sweep().await?;
+        }
+        Ok(())
+    }
+
     fn lease(&self) -> Result<&Lease, SessionFault> {
         self.lease.as_ref().ok_or_else(|| {
             SessionFault::ended(
@@ -354,9 +368,7 @@ impl SessionSandbox for OpenShellSession {
         // The relay's socket is the grant and every session process runs as the guest: the
         // interpreters end before the grant is lent (the next cell starts a fresh one and
         // says so), and the sweep proves they are gone.
-        if self.end_interpreters().await {
-            self.sweep().await?;
-        }
+        self.clear_kept().await?;
         Ok(0)
     }
 
@@ -366,7 +378,7 @@ impl SessionSandbox for OpenShellSession {
 
     async fn project(&mut self, plan: ProjectPlan) -> Result<ProjectReport, SessionFault> {
         // A same-uid interpreter could read the runner's stdin (its report key): they end.
-        self.end_interpreters().await;
+        self.clear_kept().await?;
         let lease = self.lease()?;
         let budget = plan
             .timeout
@@ -424,7 +436,10 @@ impl SessionSandbox for OpenShellSession {
             }
         };
         match exit {
-            Some(0) => Ok(()),
+            Some(0) => {
+                self.unswept = !kept.is_empty();
+                Ok(())
+            }
             Some(10) | Some(11) => Err(SessionFault::ended(
                 SessionEnd::SESSION_END_DISK_EXCEEDED,
                 "the session's files went over its disk budget",

@@ -63,6 +63,9 @@ pub struct DockerSession {
     languages: Vec<String>,
     /// The interpreters held stopped during a granted call.
     held: Vec<String>,
+    /// Whether guest code may have run since the last sweep: an interpreter outlived it (its
+    /// code runs between calls, and what it starts stays even once the interpreter is gone).
+    unswept: bool,
     /// At most one interpreter per language. Behind a mutex only so the session is `Sync`
     /// (an interpreter's relay stream is not); every use goes through `&mut self`.
     interpreters: std::sync::Mutex<Vec<cell::Interpreter>>,
@@ -146,6 +149,7 @@ pub(super) async fn make(
         disk_mb,
         removed: false,
         held: Vec::new(),
+        unswept: false,
         languages: inner
             .languages
             .read()
@@ -337,21 +341,33 @@ impl SessionSandbox for DockerSession {
             // Under gVisor every connection to the session's socket has the sandbox's gofer as
             // its peer, so the broker cannot tell a woken interpreter (the call's SIGCONT, its
             // own timer) from the call. Holding is not enough there: the interpreters end
-            // before the grant is lent, and the next cell starts a fresh one and says so.
-            if self.end_interpreters().await {
+            // before the grant is lent, and the next cell starts a fresh one and says so. The
+            // quiesce runs whenever an interpreter outlived the last sweep, gone now or not:
+            // a process it started since would otherwise meet the grant.
+            let ended = self.end_interpreters().await;
+            if ended || self.unswept {
                 boundary::quiesce(&self.engine, &self.id, &self.settings.user(), &self.keep)
                     .await?;
             }
+            self.unswept = false;
             return Ok(0);
         }
         let ids = self.interpreter_process_ids();
         if ids.is_empty() {
+            // No interpreter to hold, but one that lived since the last sweep may have left a
+            // process behind (the broker checks peers only while something is kept): swept.
+            if self.unswept {
+                self.sweep().await?;
+            }
             return Ok(0);
         }
         match self.agent_hold(true, &ids).await {
             Ok(_) => {
                 let held = u32::try_from(ids.len()).unwrap_or(u32::MAX);
                 self.held = ids;
+                // With the interpreters stopped, anything they started since the last sweep
+                // ends before the grant is lent; a dirty sweep ends the session.
+                self.sweep().await?;
                 Ok(held)
             }
             Err(e) => {
@@ -405,9 +421,10 @@ impl SessionSandbox for DockerSession {
             ));
         };
         let swept = boundary::agent_sweep(&self.engine, &self.id, agent, self.disk_mb, &keep).await;
-        if swept.is_err() {
+        match swept {
+            Ok(()) => self.unswept = keep.len() > self.keep.len(),
             // The session ends: its agent goes with it (never a retry).
-            self.agent.get_mut().ok().map(Option::take);
+            Err(_) => drop(self.agent.get_mut().ok().map(Option::take)),
         }
         swept
     }
