@@ -30,7 +30,7 @@ use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use tokio::net::UnixListener;
 use tokio::sync::Semaphore;
 
-use crate::control::server::{ControlServerError, bind_socket};
+use crate::control::server::{ACCEPT_PAUSE, ControlServerError, bind_socket};
 use crate::guard_tokens::GuardTokens;
 use crate::run::{Reply, Run, message};
 
@@ -52,7 +52,7 @@ pub async fn serve(listener: UnixListener, tokens: Arc<GuardTokens>) {
     let slots = Arc::new(Semaphore::new(MAX_CONNECTIONS));
     loop {
         let Ok((stream, _)) = listener.accept().await else {
-            tokio::time::sleep(Duration::from_millis(50)).await;
+            tokio::time::sleep(ACCEPT_PAUSE).await;
             continue;
         };
         let Ok(permit) = slots.clone().try_acquire_owned() else {

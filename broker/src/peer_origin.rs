@@ -16,8 +16,10 @@
 //!    re-parented to the container's init. So a guest peer whose ancestry reaches the
 //!    container's init (innermost pid 1 in `/proc/<pid>/status` `NSpid`) before it leaves
 //!    the container is not the call's; nor is a peer whose process is gone or was replaced
-//!    (its start time changed: a connection handed on by a process that ended). The check
-//!    is made again at every request, since a connection outlives who opened it.
+//!    (its start time changed: a connection handed on by a process that ended), nor a guest
+//!    peer whose process could not be read at accept at all (it ended before the accept, or
+//!    `/proc` hides it). The check is made again at every request, since a connection
+//!    outlives who opened it.
 //! 3. Under runsc with `--host-uds=open` the peer is gVisor's gofer (root): there is no
 //!    guest process to judge, and only rule 1 and plimsolld's hold apply.
 //!
@@ -39,7 +41,19 @@ const PROC: &str = "/proc";
 #[derive(Debug, Clone)]
 pub struct Peer {
     accepted: Instant,
-    process: Option<Process>,
+    judged: Judged,
+}
+
+/// What is known of a peer's process at accept.
+#[derive(Debug, Clone)]
+enum Judged {
+    /// Not a guest process (runsc's gofer, plimsolld): judged by its accept time alone.
+    NotGuest,
+    /// A guest process (runc), judged again at every request.
+    Guest(Process),
+    /// A guest peer whose process could not be read at accept (it ended before the accept,
+    /// having handed its connection on, or `/proc` hides it): never the call's.
+    Unidentified,
 }
 
 /// A guest peer process (runc): its host pid and start time at accept.
@@ -67,18 +81,21 @@ impl Peer {
     /// `guest_uid` (runc); any other admitted peer (root: runsc's gofer; the broker's uid:
     /// plimsolld) is judged by its accept time alone.
     pub fn of(stream: &UnixStream, guest_uid: u32) -> Peer {
-        let process = stream
-            .peer_cred()
-            .ok()
-            .filter(|cred| cred.uid() == guest_uid && guest_uid != 0)
-            .and_then(|cred| u32::try_from(cred.pid()?).ok())
-            .and_then(|pid| {
-                let start = start_time(Path::new(PROC), pid)?;
-                Some(Process { pid, start })
-            });
+        let judged = match stream.peer_cred() {
+            Ok(cred) if cred.uid() != guest_uid || guest_uid == 0 => Judged::NotGuest,
+            Ok(cred) => cred
+                .pid()
+                .and_then(|pid| u32::try_from(pid).ok())
+                .and_then(|pid| {
+                    let start = start_time(Path::new(PROC), pid)?;
+                    Some(Judged::Guest(Process { pid, start }))
+                })
+                .unwrap_or(Judged::Unidentified),
+            Err(_) => Judged::Unidentified,
+        };
         Peer {
             accepted: Instant::now(),
-            process,
+            judged,
         }
     }
 
@@ -86,7 +103,7 @@ impl Peer {
     pub fn accepted_now() -> Peer {
         Peer {
             accepted: Instant::now(),
-            process: None,
+            judged: Judged::NotGuest,
         }
     }
 
@@ -96,9 +113,10 @@ impl Peer {
         if self.accepted < lent_at {
             return true;
         }
-        match &self.process {
-            None => false,
-            Some(process) => process.origin(Path::new(PROC)) != Origin::Exec,
+        match &self.judged {
+            Judged::NotGuest => false,
+            Judged::Guest(process) => process.origin(Path::new(PROC)) != Origin::Exec,
+            Judged::Unidentified => true,
         }
     }
 }
@@ -241,6 +259,20 @@ mod tests {
             start: 778,
         };
         assert_eq!(replaced.origin(p), Origin::Unknown);
+    }
+
+    #[test]
+    fn a_guest_peer_whose_process_could_not_be_read_is_never_the_calls() {
+        let peer = Peer {
+            accepted: Instant::now(),
+            judged: Judged::Unidentified,
+        };
+        assert!(peer.outside_call(peer.accepted));
+        let gofer = Peer::accepted_now();
+        assert!(
+            !gofer.outside_call(gofer.accepted),
+            "judged by its accept time"
+        );
     }
 
     #[test]

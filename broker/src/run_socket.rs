@@ -39,6 +39,7 @@ use tokio::net::UnixListener;
 use tokio::sync::Semaphore;
 use tokio::time::{Instant, Sleep};
 
+use crate::control::server::ACCEPT_PAUSE;
 use crate::guest_sockets::{GuestSockets, GuestSocketsError, Peers};
 use crate::peer_origin::Peer;
 use crate::run::{Reply, Run, message};
@@ -155,6 +156,7 @@ async fn serve_socket<S: Served>(listener: UnixListener, served: S, peers: Peers
             () = served.closed() => break,
         };
         let Ok((stream, _)) = accepted else {
+            tokio::time::sleep(ACCEPT_PAUSE).await;
             continue;
         };
         // Another local user's connection is closed unanswered (issue 12, part 5).
@@ -227,10 +229,9 @@ async fn answer<S: Served>(
     let reply = if served.outside_call(&run, peer) {
         run.note_outside_call();
         Reply::broker(503, message::OUTSIDE_CALL)
-    // Only origin-form targets: an absolute URI or authority form names no route.
-    } else if uri.scheme().is_some() || uri.authority().is_some() {
-        Reply::broker(403, message::FORBIDDEN)
     } else {
+        // An absolute URI or authority form names no route: the run refuses it like any
+        // target outside the grant, and counts it (grants.md §2.2 step 3).
         let target = uri.to_string();
         run.call(parts.method.as_str(), &target, &mut body).await
     };

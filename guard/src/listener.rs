@@ -159,16 +159,9 @@ pub async fn serve(
 /// hard one (the other half is the broker link's and the process's own). An unknown limit
 /// means no cap.
 pub fn connection_cap() -> usize {
-    use nix::sys::resource::{Resource, getrlimit, setrlimit};
-    let Ok((soft, hard)) = getrlimit(Resource::RLIMIT_NOFILE) else {
-        return usize::MAX;
-    };
-    let soft = if soft < hard && setrlimit(Resource::RLIMIT_NOFILE, hard, hard).is_ok() {
-        hard
-    } else {
-        soft
-    };
-    usize::try_from(soft / 2).unwrap_or(usize::MAX).max(1)
+    usize::try_from(crate::start::open_files_limit() / 2)
+        .unwrap_or(usize::MAX)
+        .max(1)
 }
 
 /// When a connection last moved a byte, in milliseconds since it opened.

@@ -27,6 +27,7 @@ where
         }
     };
     init_logs(text_logs(&config));
+    open_files_limit();
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -44,6 +45,21 @@ where
             eprintln!("{name}: {error}");
             ExitCode::from(1)
         }
+    }
+}
+
+/// Raises the soft limit on open files to the hard one and answers the limit in force. Each
+/// guest connection holds a descriptor (and each upstream call another): at a low soft limit
+/// a few busy runs would exhaust it and every listener would fail to accept.
+pub fn open_files_limit() -> u64 {
+    use nix::sys::resource::{Resource, getrlimit, setrlimit};
+    let Ok((soft, hard)) = getrlimit(Resource::RLIMIT_NOFILE) else {
+        return u64::MAX;
+    };
+    if soft < hard && setrlimit(Resource::RLIMIT_NOFILE, hard, hard).is_ok() {
+        hard
+    } else {
+        soft
     }
 }
 

@@ -22,6 +22,10 @@ use crate::runs::Runs;
 
 /// Control connections served at once.
 pub const MAX_CONNECTIONS: usize = 64;
+
+/// The pause after a failed accept (the process out of descriptors): every listener waits
+/// it out rather than spin and starve the runtime's other tasks.
+pub const ACCEPT_PAUSE: std::time::Duration = std::time::Duration::from_millis(50);
 /// Connections that may wait for a turn beyond [`MAX_CONNECTIONS`].
 pub const MAX_WAITING: usize = 64;
 /// How long a connection beyond [`MAX_CONNECTIONS`] waits for a turn.
@@ -136,6 +140,7 @@ pub async fn serve(listener: UnixListener, runs: Arc<Runs>) {
     let waiting = Arc::new(Semaphore::new(MAX_WAITING));
     loop {
         let Ok((stream, _)) = listener.accept().await else {
+            tokio::time::sleep(ACCEPT_PAUSE).await;
             continue;
         };
         let turn = match slots.clone().try_acquire_owned() {

@@ -187,11 +187,13 @@ async fn the_budget_counts_denied_calls_and_then_refuses() {
     let api = TestApi::start();
     api.respond("GET", "/items/a", Reply::json(200, "{}"));
     let mut profile = jwt_profile(&api, "JWT_SECRET_A", &["GET /items/*"]);
-    profile["max_calls"] = json!(3);
+    profile["max_calls"] = json!(4);
     let broker = Broker::start(&api, &grants(json!({"inv": profile}))).await;
     let run = open_request("alice", "inv", 20_000);
     let grant = broker.client().open(&run).await.unwrap().unwrap();
     assert_eq!(get(&grant, "/nope").await.status, 403);
+    // An absolute target names no route: refused, and counted like any other.
+    assert_eq!(get(&grant, "http://api.example/items/a").await.status, 403);
     assert_eq!(get(&grant, "/items/a").await.status, 200);
     assert_eq!(get(&grant, "/items/a").await.status, 200);
     let refused = get(&grant, "/items/a").await;
@@ -199,7 +201,7 @@ async fn the_budget_counts_denied_calls_and_then_refuses() {
     assert_eq!(refused.text(), "host api call budget exhausted\n");
     assert_eq!(api.requests().len(), 2);
     let summary = broker.client().close(&run.run).await.unwrap();
-    assert_eq!((summary.calls, summary.denied), (4, 2));
+    assert_eq!((summary.calls, summary.denied), (5, 3));
 }
 
 #[tokio::test]
