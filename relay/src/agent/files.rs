@@ -1,17 +1,21 @@
-//! A project call's files: the plan's files written under /work, the grant's client library
-//! in /tmp, and artifacts read back, all as the guest (the callers switch ids), never through
-//! a symbolic link (O_NOFOLLOW, the resolved directory, and /proc/self/fd of what was opened).
+//! A project call's files: the plan's files written under /work and artifacts read back, as
+//! the guest (the callers switch ids), and the grant's client library in a directory of the
+//! agent's own under /tmp; never through a symbolic link (O_NOFOLLOW, the resolved
+//! directory, and /proc/self/fd of what was opened).
 
 use std::fs::{DirBuilder, File, OpenOptions};
-use std::io::{self, Write};
-use std::os::unix::fs::{DirBuilderExt, FileExt, OpenOptionsExt};
+use std::io::{self, Read, Write};
+use std::os::unix::fs::{DirBuilderExt, FileExt, MetadataExt, OpenOptionsExt, PermissionsExt};
+use std::sync::OnceLock;
 
 use nix::errno::Errno;
 
 use super::env::WORK;
 
 pub const ARTIFACTS_CAP: u64 = 8 << 20;
-pub const HOST_CLIENT: &str = "/tmp/plimsoll-host.mjs";
+
+/// The directory the grant's client library lives in, once made.
+static HOST_DIR: OnceLock<String> = OnceLock::new();
 
 /// Node's `e.code` for an error: the errno's name, else "error".
 pub fn code(e: &io::Error) -> String {
@@ -99,17 +103,47 @@ pub fn write_files(files: &[(String, String)]) -> Result<(), String> {
     Ok(())
 }
 
-/// Writes the grant's client library (it lives in the session's /tmp across calls).
-pub fn write_host_client(source: &str) -> Result<(), String> {
+/// Writes the grant's client library, which every node a granted step starts imports, and
+/// answers its path. It is written as the agent (not the guest) into a directory the agent
+/// made under its own uid with a name no guest can guess: no guest process, from this call or
+/// an earlier one (a held interpreter its own timer woke), can change what a later step
+/// imports, or replace or remove the directory in the sticky /tmp.
+pub fn write_host_client(source: &str) -> Result<String, String> {
+    let failed = |e: io::Error| format!("the host client could not be written ({})", code(&e));
+    let dir = host_dir().map_err(failed)?;
+    let path = format!("{dir}/host.mjs");
     OpenOptions::new()
         .write(true)
         .create(true)
         .truncate(true)
         .mode(0o644)
         .custom_flags(libc::O_NOFOLLOW)
-        .open(HOST_CLIENT)
-        .and_then(|mut f| f.write_all(source.as_bytes()))
-        .map_err(|e| format!("the host client could not be written ({})", code(&e)))
+        .open(&path)
+        .and_then(|mut f| {
+            f.set_permissions(std::fs::Permissions::from_mode(0o644))?;
+            f.write_all(source.as_bytes())
+        })
+        .map_err(failed)?;
+    Ok(path)
+}
+
+/// The agent's directory for the host client, made at the first use (0755, its own uid).
+fn host_dir() -> io::Result<&'static str> {
+    if let Some(dir) = HOST_DIR.get() {
+        return Ok(dir);
+    }
+    let mut random = [0u8; 16];
+    File::open("/dev/urandom")?.read_exact(&mut random)?;
+    let name: String = random.iter().map(|b| format!("{b:02x}")).collect();
+    let dir = format!("/tmp/.plimsoll-host-{name}");
+    // `create` fails if the name exists: nothing of a guest's is ever reused.
+    DirBuilder::new().mode(0o755).create(&dir)?;
+    std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755))?;
+    let made = std::fs::symlink_metadata(&dir)?;
+    if !made.is_dir() || made.uid() != nix::unistd::geteuid().as_raw() {
+        return Err(io::Error::from(io::ErrorKind::PermissionDenied));
+    }
+    Ok(HOST_DIR.get_or_init(|| dir))
 }
 
 /// An artifact's path as asked, and its content.

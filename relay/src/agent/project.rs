@@ -102,9 +102,8 @@ fn run_plan(
     if let Some(Value::String(source)) = plan.get("hostSDK")
         && !source.is_empty()
     {
-        procs::as_guest(guest, || files::write_host_client(source))
-            .map_err(|e| format!("the host client could not be written ({})", files::code(&e)))??;
-        let flag = format!("--import=file://{}", files::HOST_CLIENT);
+        let client = files::write_host_client(source)?;
+        let flag = format!("--import=file://{client}");
         let options = match env.get("NODE_OPTIONS") {
             Some(v) if env::truthy(v) => format!("{} {flag}", env::js_string(v)),
             _ => flag,

@@ -250,11 +250,16 @@ fn a_session_lends_a_grant_per_call_keeps_route_caps_and_refuses_profiles_not_fo
     assert_eq!(targets(&f), [get("/items/7")]);
 
     // 5. A project call lending `sess`: every node a step starts has the client and the
-    // variable; this is the capped route's second call.
+    // variable; this is the capped route's second call. The client those nodes import is
+    // not the guest's to change (nor its directory): a process from an earlier call could
+    // otherwise plant code in a granted step.
     let steps = [
         "node -e \"host.get('/items/8').then(r=>console.log(JSON.stringify(r)))\"",
         "echo \"$HOST_API_SOCKET\"",
         "test -e /work/refused-call-ran && echo ran || echo 'nothing ran'",
+        "f=${NODE_OPTIONS#--import=file://}; test -f \"$f\" && echo imported; \
+         { echo // >> \"$f\"; } 2>/dev/null && echo writable || echo fixed; \
+         touch \"${f%/*}/planted\" 2>/dev/null && echo open || echo closed",
     ];
     let resp = session_run(
         &d,
@@ -271,7 +276,12 @@ fn a_session_lends_a_grant_per_call_keeps_route_caps_and_refuses_profiles_not_fo
         .collect();
     assert_eq!(
         outs,
-        ["{\"id\":8}\n", "/run/host-api.sock\n", "nothing ran\n"],
+        [
+            "{\"id\":8}\n",
+            "/run/host-api.sock\n",
+            "nothing ran\n",
+            "imported\nfixed\nclosed\n"
+        ],
         "{run}"
     );
     assert_eq!(targets(&f), [get("/items/7"), get("/items/8")]);
