@@ -56,6 +56,7 @@ impl Arrival {
         policy: &str,
     ) -> RunResponse {
         record::canonicalize_response(&mut resp);
+        resp.instance = checked_instance(std::mem::take(&mut resp.instance));
         let stamp = Stamp {
             provider: resp.sandbox.clone(),
             isolation: resp.isolation.clone(),
@@ -140,5 +141,33 @@ impl Chain {
     fn advance(&mut self, sealed: &RunRecord) {
         self.sequence += 1;
         self.last_record = sealed.record_sha256.clone();
+    }
+}
+
+/// `instance` when it has the shape the published client accepts (records.md: `kind:id`,
+/// the id at most 127 characters), else "" and a warning: a provider's odd sandbox id must
+/// cost the answer its instance, not make every client reject it as `data_loss`.
+pub fn checked_instance(instance: String) -> String {
+    if record::valid_instance(&instance) {
+        return instance;
+    }
+    tracing::warn!(
+        length = instance.len(),
+        "a sandbox instance the clients would refuse is left out of the answer and its record"
+    );
+    String::new()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::checked_instance;
+
+    #[test]
+    fn an_instance_the_clients_would_refuse_is_left_out() {
+        assert_eq!(checked_instance("e2b:i0abc".to_owned()), "e2b:i0abc");
+        assert_eq!(checked_instance(String::new()), "");
+        let long = format!("dockercloud:{}", "a".repeat(128));
+        assert_eq!(checked_instance(long), "");
+        assert_eq!(checked_instance("no-kind-here".to_owned()), "");
     }
 }

@@ -20,7 +20,7 @@ use base64::engine::general_purpose::STANDARD;
 use bytes::Bytes;
 use http_body_util::{BodyExt as _, Full};
 use plimsoll::client::{
-    Client, ClientError, Mark, RunAnswer, RunOptions, SessionAnswer, verify_chain,
+    Client, ClientError, Mark, RunAnswer, RunOptions, SessionAnswer, SessionState, verify_chain,
 };
 use plimsoll::record::{self, Stamp};
 use plimsoll::refusal::Reason;
@@ -788,4 +788,17 @@ fn cli_sends_a_project_as_regular_files_only_and_refuses_a_symbolic_link() {
         &["project", p, "--step", "python3 main.py"],
     );
     assert_eq!(looped.status.code(), Some(2), "{looped:?}");
+}
+
+#[test]
+fn the_token_and_the_session_id_are_never_printed() {
+    let token = "tok-0123456789abcdefghijklmnopqrstuvwxyz";
+    let builder = Client::builder("http://127.0.0.1:1").token(token);
+    assert!(!format!("{builder:?}").contains(token), "{builder:?}");
+    let id = "0123456789abcdef0123456789abcdef";
+    let state = SessionState {
+        session_id: id.to_owned(),
+        ..SessionState::default()
+    };
+    assert!(!format!("{state:?}").contains(id), "{state:?}");
 }

@@ -90,7 +90,7 @@ use crate::wire::{
 pub const DEFAULT_REQUEST_TIMEOUT: Duration = Duration::from_secs(360);
 
 /// Builds a [`Client`]. Nothing is checked until [`ClientBuilder::build`].
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct ClientBuilder {
     url: String,
     token: Option<String>,
@@ -98,6 +98,20 @@ pub struct ClientBuilder {
     http2: bool,
     insecure_http: bool,
     ca_pem: Option<Vec<u8>>,
+}
+
+// By hand: the token is never printed, only whether there is one.
+impl std::fmt::Debug for ClientBuilder {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ClientBuilder")
+            .field("url", &self.url)
+            .field("token", &self.token.as_ref().map(|_| "<redacted>"))
+            .field("timeout", &self.timeout)
+            .field("http2", &self.http2)
+            .field("insecure_http", &self.insecure_http)
+            .field("ca_pem", &self.ca_pem.as_ref().map(Vec::len))
+            .finish()
+    }
 }
 
 impl ClientBuilder {

@@ -25,7 +25,7 @@ use crate::wire::{
 
 /// Everything a session's client side holds, serializable so a command line can keep it in
 /// a file between processes. It holds the session id, a capability: keep the file private.
-#[derive(Debug, Clone, Serialize, Deserialize, Default)]
+#[derive(Clone, Serialize, Deserialize, Default)]
 pub struct SessionState {
     /// The session id the daemon issued (32 hex). Sent only to the daemon.
     pub session_id: String,
@@ -53,13 +53,42 @@ pub struct SessionState {
     pub closed: bool,
 }
 
+// By hand: the session id names the session to the daemon, so it is never printed.
+impl std::fmt::Debug for SessionState {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SessionState")
+            .field("session_id", &"<redacted>")
+            .field("fingerprint", &self.fingerprint)
+            .field("provider", &self.provider)
+            .field("isolation", &self.isolation)
+            .field("software_identity", &self.software_identity)
+            .field("floor", &self.floor)
+            .field("rule", &self.rule)
+            .field("calls", &self.calls)
+            .field("last_record_sha256", &self.last_record_sha256)
+            .field("stopped", &self.stopped)
+            .field("ended", &self.ended)
+            .field("closed", &self.closed)
+            .finish()
+    }
+}
+
 /// A session call's request as sent and its answer as received, after every check passed.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Clone, Serialize, Deserialize)]
 pub struct SessionAnswer {
     /// The request exactly as sent.
     pub request: SessionRunRequest,
     /// The answer as received.
     pub response: SessionRunResponse,
+}
+
+// By hand: the request carries the session id, which is never printed.
+impl std::fmt::Debug for SessionAnswer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SessionAnswer")
+            .field("response", &self.response)
+            .finish_non_exhaustive()
+    }
 }
 
 impl SessionAnswer {

@@ -104,7 +104,7 @@ pub(super) async fn open(
                 tier,
                 environment: opened.environment.clone(),
                 software_identity: opened.software_identity.clone(),
-                instance: opened.instance.clone(),
+                instance: crate::record::checked_instance(opened.instance.clone()),
                 policy,
                 rule,
                 expires_unix_ms,
