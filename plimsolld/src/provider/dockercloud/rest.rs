@@ -111,12 +111,19 @@ impl Fleet {
             .filter(|id| super::sandbox::valid_id(id))
             .ok_or_else(|| ApiError::Answer("a REST create without a sandbox uid".to_owned()))?
             .to_owned();
-        *made = Some(id.clone());
         let deadline = tokio::time::Instant::now() + READY_BOUND;
         let sandbox = loop {
             let sandbox = self.rest_read(&id).await?.ok_or_else(|| {
                 SandboxError::Refused(format!("sandbox {id} vanished while it was made"))
             })?;
+            // Until the uid reads back with this create's name it may be anyone's sandbox:
+            // a failure before that is cleaned up by the name, never by the uid.
+            if sandbox["displayName"] != name {
+                return Err(SandboxError::Refused(format!(
+                    "sandbox {id} does not carry its name"
+                )));
+            }
+            *made = Some(id.clone());
             let status = &sandbox["core"]["status"];
             if status == "running" && sandbox["core"]["endpoint"]["uri"].is_string() {
                 break sandbox;
@@ -135,11 +142,6 @@ impl Fleet {
             }
             tokio::time::sleep(POLL).await;
         };
-        if sandbox["displayName"] != name {
-            return Err(SandboxError::Refused(format!(
-                "sandbox {id} does not carry its name"
-            )));
-        }
         Ok((id, sandbox))
     }
 

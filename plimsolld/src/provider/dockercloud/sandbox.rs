@@ -254,7 +254,6 @@ impl Fleet {
             .filter(|id| valid_id(id))
             .ok_or_else(|| ApiError::Answer("a create operation without a sandbox id".to_owned()))?
             .to_owned();
-        *made = Some(id.clone());
         let sandbox = loop {
             let sandbox = self
                 .call(
@@ -262,6 +261,14 @@ impl Fleet {
                     &json!({ "sandbox": { "id": id } }),
                 )
                 .await?;
+            // Until the id reads back with this create's name it may be anyone's sandbox:
+            // a failure before that is cleaned up by the name, never by the id.
+            if sandbox["core"]["name"] != name {
+                return Err(SandboxError::Refused(format!(
+                    "sandbox {id} does not carry its name"
+                )));
+            }
+            *made = Some(id.clone());
             if sandbox["core"]["status"] == RUNNING
                 && sandbox["core"]["endpoint"]["uri"].is_string()
             {
@@ -274,11 +281,6 @@ impl Fleet {
             }
             tokio::time::sleep(POLL).await;
         };
-        if sandbox["core"]["name"] != name {
-            return Err(SandboxError::Refused(format!(
-                "sandbox {id} does not carry its name"
-            )));
-        }
         Ok((id, sandbox))
     }
 
@@ -345,6 +347,13 @@ impl Fleet {
         let uri = endpoint["uri"].as_str().unwrap_or_default();
         let url = Url::parse(uri)
             .map_err(|why| format!("sandbox {id}'s endpoint is not {spoken} over HTTPS: {why}"))?;
+        // Plain http (allowed to loopback for a local service) only when the management API
+        // is plain http too: an https service's answer never sends the bearer in the clear.
+        if !url.base.tls && self.api.is_tls() {
+            return Err(format!(
+                "sandbox {id}'s endpoint is not {spoken} over HTTPS (plain http from an https service)"
+            ));
+        }
         let cpus = core["resources"]["cpus"].as_u64().unwrap_or(0);
         let memory = match &core["resources"]["memoryMib"] {
             Value::String(s) => s.parse::<u64>().unwrap_or(0),

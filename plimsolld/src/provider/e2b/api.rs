@@ -95,12 +95,14 @@ pub struct Created {
 pub struct Detail {
     #[serde(rename = "sandboxID")]
     pub sandbox_id: String,
+    /// The envelope (required by E2B's model): absent here means not stated, which the
+    /// read-back refuses wherever a limit is set.
     #[serde(default)]
-    pub cpu_count: f64,
+    pub cpu_count: Option<f64>,
     #[serde(rename = "memoryMB", default)]
-    pub memory_mb: u64,
+    pub memory_mb: Option<u64>,
     #[serde(rename = "diskSizeMB", default)]
-    pub disk_size_mb: u64,
+    pub disk_size_mb: Option<u64>,
     #[serde(default)]
     pub metadata: BTreeMap<String, String>,
     #[serde(default)]

@@ -136,6 +136,11 @@ impl Client {
         self.base.origin()
     }
 
+    /// Whether it speaks `https`.
+    pub fn is_tls(&self) -> bool {
+        self.base.tls
+    }
+
     /// Sends one request and waits (at most `bound`) for the response's head. `host` is the
     /// `Host` header (the origin's own when `None`).
     pub async fn send(

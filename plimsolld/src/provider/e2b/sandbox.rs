@@ -275,23 +275,40 @@ impl Fleet {
     /// on a granted VM), if anything. The read-back holds the guard token: never logged.
     pub fn mismatch(&self, detail: &Detail, guard_host: Option<&str>) -> Option<String> {
         let r = self.resources;
-        if r.memory_mb > 0 && detail.memory_mb > u64::from(r.memory_mb) {
-            return Some(format!(
-                "memoryMB {} above SANDBOX_MEMORY_MB {}",
-                detail.memory_mb, r.memory_mb
-            ));
+        // A limit in force needs the VM's own figure: one the read-back does not state (or
+        // states as zero) cannot be shown within it.
+        if r.memory_mb > 0 {
+            match detail.memory_mb.filter(|&m| m > 0) {
+                None => return Some("the read-back states no memoryMB".to_owned()),
+                Some(m) if m > u64::from(r.memory_mb) => {
+                    return Some(format!(
+                        "memoryMB {m} above SANDBOX_MEMORY_MB {}",
+                        r.memory_mb
+                    ));
+                }
+                Some(_) => {}
+            }
         }
-        if r.cpus > 0.0 && detail.cpu_count > r.cpus.floor() {
-            return Some(format!(
-                "cpuCount {} above SANDBOX_CPUS {}",
-                detail.cpu_count, r.cpus
-            ));
+        if r.cpus > 0.0 {
+            match detail.cpu_count.filter(|&c| c > 0.0) {
+                None => return Some("the read-back states no cpuCount".to_owned()),
+                Some(c) if c > r.cpus.floor() => {
+                    return Some(format!("cpuCount {c} above SANDBOX_CPUS {}", r.cpus));
+                }
+                Some(_) => {}
+            }
         }
-        if r.disk_mb > 0 && detail.disk_size_mb > u64::from(r.disk_mb) {
-            return Some(format!(
-                "diskSizeMB {} above SANDBOX_DISK_MB {}",
-                detail.disk_size_mb, r.disk_mb
-            ));
+        if r.disk_mb > 0 {
+            match detail.disk_size_mb.filter(|&d| d > 0) {
+                None => return Some("the read-back states no diskSizeMB".to_owned()),
+                Some(d) if d > u64::from(r.disk_mb) => {
+                    return Some(format!(
+                        "diskSizeMB {d} above SANDBOX_DISK_MB {}",
+                        r.disk_mb
+                    ));
+                }
+                Some(_) => {}
+            }
         }
         let network = detail.network.clone().unwrap_or_default();
         let denies_all = network
