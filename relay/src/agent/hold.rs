@@ -20,6 +20,14 @@ pub fn targets(ids: &[String]) -> Vec<ProcId> {
         .collect()
 }
 
+/// Whether a process named by `ids` still runs but renamed itself: it would escape a hold
+/// that looks for its old command line, so the hold is refused instead.
+pub fn any_renamed(ids: &[String]) -> bool {
+    ids.iter()
+        .filter_map(|id| ProcId::parse(id))
+        .any(|id| id.renamed())
+}
+
 /// Whether every thread of `pid` is stopped, traced, a zombie or dead (or it is gone).
 pub fn all_stopped(pid: &str) -> bool {
     // A task list that cannot be read counts as stopped, as in the JS (the process is gone).
@@ -76,8 +84,12 @@ mod tests {
         let fields = procs::stat_fields(&pid).unwrap();
         let me = procs::identity(&pid, &fields).unwrap();
         let stale = format!("{pid}:1:00");
-        let got = targets(&[me.clone(), stale, "junk".to_owned()]);
+        let got = targets(&[me.clone(), stale.clone(), "junk".to_owned()]);
         assert_eq!(got, vec![ProcId::parse(&me).unwrap()]);
+        assert!(!any_renamed(&[me.clone(), stale]), "gone or unchanged");
+        // This very process under another command line: renamed.
+        let (start, _) = me.rsplit_once(':').unwrap();
+        assert!(any_renamed(&[format!("{start}:6f746865720a")]));
         // A running process is not stopped; a gone one counts as stopped.
         assert!(!all_stopped(&pid));
         assert!(all_stopped("999999999"));

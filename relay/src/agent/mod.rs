@@ -333,11 +333,12 @@ impl Agent {
     }
 
     fn hold(&mut self, request: &Value) -> Result<(), AgentError> {
-        let targets = hold::targets(&string_list(request, "ids")?);
+        let ids = string_list(request, "ids")?;
+        let targets = hold::targets(&ids);
         let frame = match request.get("mode").and_then(Value::as_str) {
             Some("stop") => Held {
                 op: "hold",
-                ok: hold::stop_all(self.guest, &targets),
+                ok: !hold::any_renamed(&ids) && hold::stop_all(self.guest, &targets),
                 held: None,
             },
             Some("cont") => Held {
@@ -369,7 +370,7 @@ impl Agent {
             _ => Vec::new(),
         };
         let targets = hold::targets(&ids);
-        if !hold::stop_all(self.guest, &targets) {
+        if hold::any_renamed(&ids) || !hold::stop_all(self.guest, &targets) {
             return Ok(answer(&Projected {
                 op: "project",
                 held: false,

@@ -112,6 +112,16 @@ impl ProcId {
             && cmdline_hex(&cmdline) == self.hex
     }
 
+    /// Whether the process is alive with this pid and start time but another command line:
+    /// the same process, renamed (`process.title`, `prctl`), which a hold must not pass over.
+    pub fn renamed(&self) -> bool {
+        let Ok(fields) = stat_fields(&self.pid) else {
+            return false;
+        };
+        let state = fields.first().map_or("", String::as_str);
+        state != "Z" && state != "X" && fields.get(19) == Some(&self.start) && !self.same()
+    }
+
     pub fn pid(&self) -> &str {
         &self.pid
     }
