@@ -259,19 +259,7 @@ async fn the_owner_cap_replaces_the_idle_session_and_refuses_when_all_are_busy()
         Some(SessionEnd::SESSION_END_REPLACED)
     );
     let _busy = second.take_turn().await.expect("turn");
-    let third = sessions
-        .open(
-            OpenTerms {
-                caller: "c".to_owned(),
-                owner: "o".to_owned(),
-                lifetime: Duration::from_secs(60),
-                languages: Vec::new(),
-                paid_allowance: None,
-            },
-            async { unreachable!("a refused open never asks the broker for a socket") },
-            |_| unreachable!("refused before the provider is asked"),
-        )
-        .await;
+    let third = refused_open(&sessions, "o").await;
     assert!(matches!(
         third,
         Err(ProviderError::Refused(Refusal::AtCapacity(_)))
@@ -290,19 +278,7 @@ async fn the_drain_refuses_opens_and_removes_every_sandbox() {
         a.ended().map(|e| e.reason),
         Some(SessionEnd::SESSION_END_SHUTDOWN)
     );
-    let refused = sessions
-        .open(
-            OpenTerms {
-                caller: "c".to_owned(),
-                owner: String::new(),
-                lifetime: Duration::from_secs(60),
-                languages: Vec::new(),
-                paid_allowance: None,
-            },
-            async { unreachable!("a refused open never asks the broker for a socket") },
-            |_| unreachable!("refused while draining"),
-        )
-        .await;
+    let refused = refused_open(&sessions, "").await;
     assert!(matches!(
         refused,
         Err(ProviderError::Refused(Refusal::AtCapacity(_)))
@@ -325,13 +301,15 @@ fn slow_opens(
         .collect()
 }
 
+/// An open for `owner` that must be refused before the broker or the provider is asked.
 fn refused_open(
     sessions: &Arc<Sessions>,
+    owner: &str,
 ) -> impl Future<Output = Result<Arc<Entry>, ProviderError>> {
     sessions.open(
         OpenTerms {
             caller: "c".to_owned(),
-            owner: String::new(),
+            owner: owner.to_owned(),
             lifetime: Duration::from_secs(60),
             languages: Vec::new(),
             paid_allowance: None,
@@ -363,7 +341,7 @@ async fn opens_run_side_by_side_and_the_caps_count_those_in_flight() {
     );
     assert!(
         matches!(
-            refused_open(&sessions).await,
+            refused_open(&sessions, "").await,
             Err(ProviderError::Refused(Refusal::AtCapacity(_)))
         ),
         "the daemon's cap counts the opens in flight"

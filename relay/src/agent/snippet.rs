@@ -304,9 +304,13 @@ pub fn snippet(
             other.end(guest);
         }
     }
+    // Where sealed copies are proven to start non-dumpable (runc, `early` still true), the
+    // call's own node starts from one too: no window before its guard in which another
+    // guest process could open its memory.
+    let sealed = early.as_deref().copied().unwrap_or(false);
     let started = match ready {
         Some(started) => Ok(started),
-        None => start(guest, env, false),
+        None => start(guest, env, sealed),
     };
     // Only a node that started and was not sealed ends early starts for the session; one that
     // could not start (the guest may have closed /work to itself) is tried again next call.

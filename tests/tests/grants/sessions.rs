@@ -107,6 +107,33 @@ pub(super) fn session_run(d: &Daemon, token: &str, id: &str, payload: Value) -> 
     call(d, token, "SessionRun", &body)
 }
 
+/// Opens a session offering python as `token`; answers its id.
+pub(super) fn open_python(token: &str, d: &Daemon) -> String {
+    let resp = call(
+        d,
+        token,
+        "OpenSession",
+        &json!({ "protocol": connect::PROTOCOL, "languages": ["python"] }),
+    );
+    assert_eq!(resp.status, 200, "open: {resp}");
+    resp.json()["sessionId"]
+        .as_str()
+        .expect("sessionId")
+        .to_owned()
+}
+
+/// Closes session `id` as `token`; answers the close's summary.
+pub(super) fn close(token: &str, d: &Daemon, id: &str) -> Value {
+    let resp = call(
+        d,
+        token,
+        "CloseSession",
+        &json!({ "protocol": connect::PROTOCOL, "sessionId": id }),
+    );
+    assert_eq!(resp.status, 200, "close: {resp}");
+    resp.json()
+}
+
 /// A snippet payload, lending `profile` ("" = none).
 fn snippet(code: &str, profile: &str) -> Value {
     let mut js = json!({ "code": code });
@@ -313,14 +340,7 @@ fn a_session_lends_a_grant_per_call_keeps_route_caps_and_refuses_profiles_not_fo
     assert_eq!(targets(&f), [get("/items/7"), get("/items/8")]);
 
     // 8. Close the session.
-    let resp = call(
-        &d,
-        &f.alice,
-        "CloseSession",
-        &json!({ "protocol": connect::PROTOCOL, "sessionId": id }),
-    );
-    assert_eq!(resp.status, 200, "close: {resp}");
-    let summary = resp.json();
+    let summary = close(&f.alice, &d, &id);
     assert_eq!(summary["ended"], "SESSION_END_CLOSED", "{summary}");
     assert_eq!(targets(&f), [get("/items/7"), get("/items/8")]);
 
@@ -383,17 +403,7 @@ fn a_thread_planted_by_an_earlier_cell_never_uses_a_later_calls_grant() {
     let f = Fixture::start();
     f.write_grants(&session_profiles(&f));
     let d = session_daemon(&f);
-    let resp = call(
-        &d,
-        &f.alice,
-        "OpenSession",
-        &json!({ "protocol": connect::PROTOCOL, "languages": ["python"] }),
-    );
-    assert_eq!(resp.status, 200, "open: {resp}");
-    let id = resp.json()["sessionId"]
-        .as_str()
-        .expect("sessionId")
-        .to_owned();
+    let id = open_python(&f.alice, &d);
     let cell = |code: &str| {
         let resp = session_run(
             &d,
@@ -446,13 +456,7 @@ fn a_thread_planted_by_an_earlier_cell_never_uses_a_later_calls_grant() {
     let closed = closed_lines(&d, "sess");
     assert_eq!(closed[0]["host_calls"], 0, "{}", closed[0]);
     assert_eq!(closed[0]["kept_from_earlier_calls"], 1, "{}", closed[0]);
-    let resp = call(
-        &d,
-        &f.alice,
-        "CloseSession",
-        &json!({ "protocol": connect::PROTOCOL, "sessionId": id }),
-    );
-    assert_eq!(resp.status, 200, "close: {resp}");
+    close(&f.alice, &d, &id);
 }
 
 /// The broker's `grant run closed` lines for calls lent `profile`, asserting there is one.

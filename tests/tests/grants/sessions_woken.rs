@@ -7,14 +7,13 @@
 use std::time::Duration;
 
 use plimsoll_tests::Daemon;
-use plimsoll_tests::connect;
 use plimsoll_tests::docker::{docker_ready, runsc};
 use plimsoll_tests::test_api::Reply;
 use serde_json::{Value, json};
 
 use super::sessions::{
-    PLANT, call, closed_lines, field, get, session_daemon, session_profiles, session_run,
-    snippet_ran, targets,
+    PLANT, close, closed_lines, field, get, open_python, session_daemon, session_profiles,
+    session_run, snippet_ran, targets,
 };
 use crate::Fixture;
 
@@ -98,17 +97,7 @@ fn woken_interpreter(f: &Fixture, d: &Daemon, cells: &[&str], granted: &str) -> 
     f.api
         .respond("GET", "/items/8", Reply::json(200, r#"{"id":8}"#));
     let granted = granted.replace("OWN", OWN);
-    let resp = call(
-        d,
-        &f.alice,
-        "OpenSession",
-        &json!({ "protocol": connect::PROTOCOL, "languages": ["python"] }),
-    );
-    assert_eq!(resp.status, 200, "open: {resp}");
-    let id = resp.json()["sessionId"]
-        .as_str()
-        .expect("sessionId")
-        .to_owned();
+    let id = open_python(&f.alice, d);
     let cell = |code: &str| {
         let resp = session_run(
             d,
@@ -153,13 +142,7 @@ fn woken_interpreter(f: &Fixture, d: &Daemon, cells: &[&str], granted: &str) -> 
             .as_str()
             .is_some_and(|m| m.contains("was running again before its release"))
     });
-    let resp = call(
-        d,
-        &f.alice,
-        "CloseSession",
-        &json!({ "protocol": connect::PROTOCOL, "sessionId": id }),
-    );
-    assert_eq!(resp.status, 200, "close: {resp}");
+    close(&f.alice, d, &id);
     Woken {
         seen,
         out,
@@ -392,17 +375,7 @@ fn a_process_left_by_an_interpreter_gone_since_the_sweep_never_meets_the_grant()
     f.api
         .respond("GET", "/items/8", Reply::json(200, r#"{"id":8}"#));
     let d = session_daemon(&f);
-    let resp = call(
-        &d,
-        &f.alice,
-        "OpenSession",
-        &json!({ "protocol": connect::PROTOCOL, "languages": ["python"] }),
-    );
-    assert_eq!(resp.status, 200, "open: {resp}");
-    let id = resp.json()["sessionId"]
-        .as_str()
-        .expect("sessionId")
-        .to_owned();
+    let id = open_python(&f.alice, &d);
     let resp = session_run(
         &d,
         &f.alice,
@@ -423,11 +396,5 @@ fn a_process_left_by_an_interpreter_gone_since_the_sweep_never_meets_the_grant()
     );
     let closed = closed_lines(&d, "sess");
     assert_eq!(closed[0]["host_calls"], 1, "{}", closed[0]);
-    let resp = call(
-        &d,
-        &f.alice,
-        "CloseSession",
-        &json!({ "protocol": connect::PROTOCOL, "sessionId": id }),
-    );
-    assert_eq!(resp.status, 200, "close: {resp}");
+    close(&f.alice, &d, &id);
 }

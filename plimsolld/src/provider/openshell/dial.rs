@@ -167,9 +167,20 @@ struct Tokens {
     gateway: Gateway,
     sandbox: String,
     slots: Mutex<Vec<TokenSlot>>,
-    /// Serializes token creation.
+    /// Serializes token creation; the close takes it to wait for a creation in flight.
     creating: tokio::sync::Mutex<()>,
+    /// Set by the close: no token is made after it.
+    closing: std::sync::atomic::AtomicBool,
     counts: Arc<Counts>,
+}
+
+/// Why a stream got no token.
+#[derive(Debug, thiserror::Error)]
+enum ClaimError {
+    #[error(transparent)]
+    Gateway(#[from] GatewayError),
+    #[error("the relay is closing")]
+    Closing,
 }
 
 struct TokenSlot {
@@ -188,24 +199,41 @@ impl Tokens {
         Some(slot.token.clone())
     }
 
-    /// A token with room for one more stream (made when none has room).
-    async fn claim(&self) -> Result<String, GatewayError> {
+    /// A token with room for one more stream (made when none has room). The making runs in
+    /// a task of its own, holding `creating`: a worker aborted while the gateway answers (the
+    /// relay closing) cannot lose a token the gateway made, and the close waits for it before
+    /// it revokes them all (grants.md §8.7: every token is revoked).
+    async fn claim(self: &Arc<Self>) -> Result<String, ClaimError> {
         if let Some(token) = self.free() {
             return Ok(token);
         }
-        let _one_at_a_time = self.creating.lock().await;
-        if let Some(token) = self.free() {
-            return Ok(token);
-        }
-        let made = self.gateway.create_ssh_session(&self.sandbox).await?;
-        self.counts.tokens.fetch_add(1, Ordering::Relaxed);
-        let mut slots = self.slots.lock().unwrap_or_else(|e| e.into_inner());
-        slots.push(TokenSlot {
-            token: made.token.clone(),
-            live: 1,
-            dropped: false,
+        let tokens = Arc::clone(self);
+        let making = tokio::spawn(async move {
+            let _one_at_a_time = tokens.creating.lock().await;
+            if tokens.closing.load(Ordering::SeqCst) {
+                return Err(ClaimError::Closing);
+            }
+            if let Some(token) = tokens.free() {
+                return Ok(token);
+            }
+            let made = tokens.gateway.create_ssh_session(&tokens.sandbox).await?;
+            tokens.counts.tokens.fetch_add(1, Ordering::Relaxed);
+            let mut slots = tokens.slots.lock().unwrap_or_else(|e| e.into_inner());
+            slots.push(TokenSlot {
+                token: made.token.clone(),
+                live: 1,
+                dropped: false,
+            });
+            Ok(made.token)
         });
-        Ok(made.token)
+        making.await.unwrap_or(Err(ClaimError::Closing))
+    }
+
+    /// Stops token making and waits for one in flight, so that [`Tokens::revoke_all`] after
+    /// it sees every token the gateway made.
+    async fn stop_making(&self) {
+        self.closing.store(true, Ordering::SeqCst);
+        drop(self.creating.lock().await);
     }
 
     /// A stream of `token` ended (the gateway counts it no more).
@@ -313,6 +341,7 @@ pub async fn start(gateway: &Gateway, sandbox: &str, broker: PathBuf) -> Result<
         sandbox: sandbox.to_owned(),
         slots: Mutex::new(Vec::new()),
         creating: tokio::sync::Mutex::new(()),
+        closing: std::sync::atomic::AtomicBool::new(false),
         counts: Arc::clone(&counts),
     });
     let spares = Arc::new(Needs::default());
@@ -663,6 +692,7 @@ impl Relay {
         self.stop.send_replace(true);
         self.tasks.abort_all();
         while self.tasks.join_next().await.is_some() {}
+        self.tokens.stop_making().await;
         let failed = self.tokens.revoke_all().await;
         drop(self.stdin.take());
         let c = &self.counts;
@@ -690,6 +720,7 @@ impl Drop for Relay {
         let tokens = Arc::clone(&self.tokens);
         if let Ok(handle) = tokio::runtime::Handle::try_current() {
             handle.spawn(async move {
+                tokens.stop_making().await;
                 tokens.revoke_all().await;
             });
         }
