@@ -275,40 +275,31 @@ impl Fleet {
     /// on a granted VM), if anything. The read-back holds the guard token: never logged.
     pub fn mismatch(&self, detail: &Detail, guard_host: Option<&str>) -> Option<String> {
         let r = self.resources;
-        // A limit in force needs the VM's own figure: one the read-back does not state (or
-        // states as zero) cannot be shown within it.
-        if r.memory_mb > 0 {
-            match detail.memory_mb.filter(|&m| m > 0) {
-                None => return Some("the read-back states no memoryMB".to_owned()),
-                Some(m) if m > u64::from(r.memory_mb) => {
-                    return Some(format!(
-                        "memoryMB {m} above SANDBOX_MEMORY_MB {}",
-                        r.memory_mb
-                    ));
-                }
-                Some(_) => {}
-            }
-        }
-        if r.cpus > 0.0 {
-            match detail.cpu_count.filter(|&c| c > 0.0) {
-                None => return Some("the read-back states no cpuCount".to_owned()),
-                Some(c) if c > r.cpus.floor() => {
-                    return Some(format!("cpuCount {c} above SANDBOX_CPUS {}", r.cpus));
-                }
-                Some(_) => {}
-            }
-        }
-        if r.disk_mb > 0 {
-            match detail.disk_size_mb.filter(|&d| d > 0) {
-                None => return Some("the read-back states no diskSizeMB".to_owned()),
-                Some(d) if d > u64::from(r.disk_mb) => {
-                    return Some(format!(
-                        "diskSizeMB {d} above SANDBOX_DISK_MB {}",
-                        r.disk_mb
-                    ));
-                }
-                Some(_) => {}
-            }
+        let checks = [
+            beyond(
+                "memoryMB",
+                detail.memory_mb,
+                u64::from(r.memory_mb),
+                r.memory_mb,
+                "SANDBOX_MEMORY_MB",
+            ),
+            beyond(
+                "cpuCount",
+                detail.cpu_count,
+                r.cpus.floor(),
+                r.cpus,
+                "SANDBOX_CPUS",
+            ),
+            beyond(
+                "diskSizeMB",
+                detail.disk_size_mb,
+                u64::from(r.disk_mb),
+                r.disk_mb,
+                "SANDBOX_DISK_MB",
+            ),
+        ];
+        if let Some(beyond) = checks.into_iter().flatten().next() {
+            return Some(beyond);
         }
         let network = detail.network.clone().unwrap_or_default();
         let denies_all = network
@@ -324,5 +315,63 @@ impl Fleet {
             return Some("the network is not deny-all".to_owned());
         }
         None
+    }
+}
+
+/// What is wrong with a VM's stated `figure` (`name` in the read-back) against a limit in
+/// force (`ceiling`, as `variable` says it: `limit`), if anything. A limit in force needs the
+/// VM's own figure: one the read-back does not state (or states as zero) cannot be shown
+/// within it. No limit (zero) needs nothing.
+fn beyond<T: PartialOrd + Default + std::fmt::Display>(
+    name: &str,
+    figure: Option<T>,
+    ceiling: T,
+    limit: impl std::fmt::Display + PartialOrd + Default,
+    variable: &str,
+) -> Option<String> {
+    if limit <= Default::default() {
+        return None;
+    }
+    match figure.filter(|f| *f > T::default()) {
+        None => Some(format!("the read-back states no {name}")),
+        Some(f) if f > ceiling => Some(format!("{name} {f} above {variable} {limit}")),
+        Some(_) => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::beyond;
+
+    #[test]
+    fn a_limit_in_force_needs_a_stated_figure_within_it() {
+        let memory = |figure| beyond("memoryMB", figure, 512u64, 512u32, "SANDBOX_MEMORY_MB");
+        assert_eq!(memory(Some(512)), None);
+        assert_eq!(
+            memory(Some(1024)).as_deref(),
+            Some("memoryMB 1024 above SANDBOX_MEMORY_MB 512")
+        );
+        assert_eq!(
+            memory(None).as_deref(),
+            Some("the read-back states no memoryMB")
+        );
+        assert_eq!(
+            memory(Some(0)).as_deref(),
+            Some("the read-back states no memoryMB")
+        );
+        // No limit: nothing is asked of the figure.
+        assert_eq!(
+            beyond("diskSizeMB", None, 0u64, 0u32, "SANDBOX_DISK_MB"),
+            None
+        );
+        // CPUs: the ceiling is the whole part of the limit, the message names the limit.
+        assert_eq!(
+            beyond("cpuCount", Some(2.0), 1.5f64.floor(), 1.5, "SANDBOX_CPUS").as_deref(),
+            Some("cpuCount 2 above SANDBOX_CPUS 1.5")
+        );
+        assert_eq!(
+            beyond("cpuCount", Some(1.0), 1.5f64.floor(), 1.5, "SANDBOX_CPUS"),
+            None
+        );
     }
 }
