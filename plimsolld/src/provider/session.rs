@@ -178,7 +178,8 @@ pub struct CellOutcome {
 #[async_trait]
 pub trait SessionSandbox: Send + Sync + 'static {
     /// Before each call: resume a suspended sandbox and prove it is still the one opened
-    /// (providers.md §9.2). [`SessionFault::Refused`] keeps the session; `Ended` ends it.
+    /// (providers.md §9.2). [`SessionFault::Refused`] keeps the session; `Ended` ends it. A
+    /// resume that fails must end it: any other fault is taken to leave the sandbox running.
     async fn prepare(&mut self) -> Result<(), SessionFault>;
 
     /// Runs a JavaScript snippet in the sandbox; `grant` is the grant this call lent to the

@@ -266,25 +266,14 @@ impl Call {
     /// leaves the sweep to run after the answer (its verdict reaches the next call).
     async fn run(self, job: Job) -> Result<SessionRunResponse, ConnectError> {
         let mut turn = self.entry.take_turn().await?;
-        let Turn {
-            sandbox,
-            slot,
-            hold,
-            ..
-        } = &mut *turn;
-        // A sandbox whose suspend gave its slot back needs one again before it resumes.
-        if !hold.is_held() {
-            let permit = self.state.admission.admit(&self.entry.stated.caller)?;
-            *hold = Hold::new(permit);
-        }
-        let Some(sandbox) = sandbox.as_mut() else {
-            return Err(self.ended_refusal().into());
-        };
-        if let Err(fault) = sandbox.prepare().await {
+        if let Err(fault) = self.entry.prepare(&mut turn, &self.state.admission).await {
             drop(turn);
             return Err(self.refuse_before(fault).into());
         }
-        self.entry.set_suspended(false);
+        let Turn { sandbox, slot, .. } = &mut *turn;
+        let Some(sandbox) = sandbox.as_mut() else {
+            return Err(self.ended_refusal().into());
+        };
         // The grant is lent only now: the turn keeps one call's grant on the socket at a time.
         // What earlier calls left running (cell interpreters) is held stopped first, so only
         // this call's processes can use it.

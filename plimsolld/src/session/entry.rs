@@ -11,8 +11,9 @@ use plimsoll::wire::{SessionEnd, SoftwareRule};
 use tokio::sync::{Notify, OwnedMutexGuard};
 use tokio::time::Instant;
 
+use crate::admission::Admission;
 use crate::grant::SessionSlot;
-use crate::provider::{Hold, SessionSandbox};
+use crate::provider::{Hold, SessionFault, SessionSandbox};
 use crate::record::Chain;
 
 /// Calls (or a close) that may hold or wait for the turn at once: the holder and one waiter.
@@ -283,6 +284,31 @@ impl Entry {
     /// Records a suspend (or a resume).
     pub fn set_suspended(&self, suspended: bool) {
         self.life().suspended = suspended;
+    }
+
+    /// Before a call (providers.md §9.2): a sandbox whose suspend gave its slot back is
+    /// admitted again, then resumed and proved. A failed resume ends the session; any fault
+    /// the session survives (a refused or failed read-back) comes after the resume, so the
+    /// sandbox runs again: it keeps the slot and no longer counts as suspended, and the
+    /// watcher suspends it again once idle, which gives the slot back. (Left marked
+    /// suspended, it was never suspended again and held a slot until its lifetime.)
+    pub async fn prepare(
+        &self,
+        turn: &mut Turn,
+        admission: &Arc<Admission>,
+    ) -> Result<(), SessionFault> {
+        let Some(sandbox) = turn.sandbox.as_mut() else {
+            let ended = self.ended().map_or(Refusal::SessionNotFound, |e| e.refusal());
+            return Err(SessionFault::Refused(ended));
+        };
+        if !turn.hold.is_held() {
+            turn.hold = Hold::new(admission.admit(&self.stated.caller)?);
+        }
+        let prepared = sandbox.prepare().await;
+        if !matches!(prepared, Err(SessionFault::Ended { .. })) {
+            self.set_suspended(false);
+        }
+        prepared
     }
 }
 

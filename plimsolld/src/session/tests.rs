@@ -4,7 +4,7 @@
 //! sandbox is a recording stand-in; what a real sandbox does is tested end to end in `tests/`.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -29,6 +29,10 @@ struct Log {
     opened: AtomicUsize,
     /// How long the provider takes to open a sandbox, in ms.
     open_ms: AtomicU64,
+    /// Whether a suspend gives the slot back (as a paused VM does).
+    suspend_frees_slot: AtomicBool,
+    /// Whether the read-back before a call is refused (after the resume).
+    refuse_read_back: AtomicBool,
 }
 
 struct Recording(Arc<Log>);
@@ -36,6 +40,11 @@ struct Recording(Arc<Log>);
 #[async_trait]
 impl SessionSandbox for Recording {
     async fn prepare(&mut self) -> Result<(), SessionFault> {
+        if self.0.refuse_read_back.load(Ordering::SeqCst) {
+            return Err(SessionFault::Refused(Refusal::Environment(
+                "the read-back was refused".to_owned(),
+            )));
+        }
         Ok(())
     }
     async fn snippet(
@@ -55,6 +64,9 @@ impl SessionSandbox for Recording {
     async fn suspend(&mut self) -> Result<(), SessionFault> {
         self.0.suspended.fetch_add(1, Ordering::SeqCst);
         Ok(())
+    }
+    fn suspend_frees_slot(&self) -> bool {
+        self.0.suspend_frees_slot.load(Ordering::SeqCst)
     }
     async fn finish(&mut self) {
         self.0.finished.fetch_add(1, Ordering::SeqCst);
@@ -409,4 +421,25 @@ async fn a_replacement_never_ends_a_session_whose_turn_is_taken() {
         entry.take_turn().await.map(drop),
         Err(Refusal::SessionEnded { .. })
     ));
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_resumed_session_whose_read_back_is_refused_is_suspended_again_and_frees_its_slot() {
+    let (sessions, log, admission) = table(config(), 4);
+    log.suspend_frees_slot.store(true, Ordering::SeqCst);
+    let entry = open(&sessions, "", Duration::from_millis(100)).await;
+    entry.claim();
+    let suspends = || log.suspended.load(Ordering::SeqCst);
+    until("the first suspend", || suspends() == 1).await;
+    assert_eq!(admission.in_flight(), 0, "the suspend gave the slot back");
+    log.refuse_read_back.store(true, Ordering::SeqCst);
+    {
+        let mut turn = entry.take_turn().await.expect("turn");
+        let prepared = entry.prepare(&mut turn, &admission).await;
+        assert!(matches!(prepared, Err(SessionFault::Refused(_))));
+        assert_eq!(admission.in_flight(), 1, "the resumed sandbox holds a slot");
+    }
+    until("the second suspend", || suspends() == 2).await;
+    assert_eq!(admission.in_flight(), 0, "the second suspend gave it back");
+    assert!(entry.ended().is_none(), "a refused read-back keeps the session");
 }
