@@ -443,3 +443,35 @@ async fn a_resumed_session_whose_read_back_is_refused_is_suspended_again_and_fre
     assert_eq!(admission.in_flight(), 0, "the second suspend gave it back");
     assert!(entry.ended().is_none(), "a refused read-back keeps the session");
 }
+
+/// A call longer than the idle timeout: the watcher waits for its end instead of retrying
+/// the suspend. A watcher that retried would never let the paused clock move (a task is
+/// always ready), so the scenario runs on its own thread under a wall-clock bound.
+#[test]
+fn a_call_longer_than_the_idle_timeout_leaves_the_watcher_waiting() {
+    let (done, finished) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .start_paused(true)
+            .build()
+            .expect("runtime");
+        runtime.block_on(async {
+            let (sessions, log, _) = table(config(), 4);
+            let entry = open(&sessions, "", Duration::from_millis(100)).await;
+            entry.claim();
+            let turn = entry.take_turn().await.expect("turn");
+            tokio::time::sleep(Duration::from_secs(30)).await;
+            assert_eq!(log.suspended.load(Ordering::SeqCst), 0, "not while it runs");
+            drop(turn);
+            until("the suspend after the call", || {
+                log.suspended.load(Ordering::SeqCst) == 1
+            })
+            .await;
+        });
+        let _ = done.send(());
+    });
+    finished
+        .recv_timeout(Duration::from_secs(60))
+        .expect("the paused clock moved through the call: the watcher waited");
+}

@@ -59,9 +59,14 @@ pub(super) async fn watch(sessions: Arc<Sessions>, entry: Arc<Entry>) {
     }
 }
 
-/// The next thing due: the expiry, or the idle event when it comes first.
+/// The next thing due: the expiry, or the idle event when it comes first. While a call holds
+/// or waits for the turn no idle event is due (its end wakes the watcher with a new last
+/// use); counting one would make the watcher retry the suspend in a loop for the whole call.
 fn next_event(entry: &Entry) -> (Instant, Next) {
     let expiry = (entry.stated.expires_at, Next::Expire);
+    if !entry.idle_now() {
+        return expiry;
+    }
     let (last_used, claimed, suspended) = entry.idle_state();
     let idle = entry.stated.idle;
     let idle_event = match (claimed, idle.is_zero(), suspended) {
