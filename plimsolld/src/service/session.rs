@@ -205,13 +205,14 @@ enum Job {
     Cell(CellCall),
 }
 
-/// The call's job. Snippets and cells get the JavaScript environment's timeouts, projects
-/// the project environment's.
+/// The call's job. Snippets get the JavaScript environment's timeouts, projects the project
+/// environment's and cells the session environment's (the project timeouts, providers.md §7).
 fn job(state: &State, payload: Payload<'_>, timeout_ms: i32) -> Result<Job, Refusal> {
     let d = state.provider.describe();
-    let snippet_timeout = d.javascript.timeout(timeout_ms);
     Ok(match payload {
-        Payload::Javascript(js) => Job::Snippet(js.code.clone(), snippet_timeout, None),
+        Payload::Javascript(js) => {
+            Job::Snippet(js.code.clone(), d.javascript.timeout(timeout_ms), None)
+        }
         Payload::Project(p) => Job::Project(ProjectPlan {
             files: p.files.clone(),
             steps: p.steps.clone(),
@@ -225,7 +226,7 @@ fn job(state: &State, payload: Payload<'_>, timeout_ms: i32) -> Result<Job, Refu
             language: c.language.clone(),
             code: c.code.clone(),
             files: c.files.clone(),
-            timeout: snippet_timeout,
+            timeout: d.session.timeout(timeout_ms),
         }),
         Payload::None | Payload::Module(_) => {
             return Err(Refusal::InvalidRequest(

@@ -298,7 +298,9 @@ impl Entry {
         admission: &Arc<Admission>,
     ) -> Result<(), SessionFault> {
         let Some(sandbox) = turn.sandbox.as_mut() else {
-            let ended = self.ended().map_or(Refusal::SessionNotFound, |e| e.refusal());
+            let ended = self
+                .ended()
+                .map_or(Refusal::SessionNotFound, |e| e.refusal());
             return Err(SessionFault::Refused(ended));
         };
         if !turn.hold.is_held() {

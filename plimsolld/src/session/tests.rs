@@ -441,7 +441,10 @@ async fn a_resumed_session_whose_read_back_is_refused_is_suspended_again_and_fre
     }
     until("the second suspend", || suspends() == 2).await;
     assert_eq!(admission.in_flight(), 0, "the second suspend gave it back");
-    assert!(entry.ended().is_none(), "a refused read-back keeps the session");
+    assert!(
+        entry.ended().is_none(),
+        "a refused read-back keeps the session"
+    );
 }
 
 /// A call longer than the idle timeout: the watcher waits for its end instead of retrying

@@ -517,6 +517,13 @@ fn cells_keep_their_interpreter_across_snippet_and_project_calls() {
     let second = cell(&d, &id, "python", "x * 2 + 2");
     assert_eq!(field(&second, "stdout"), "42\n", "{second}");
     assert_eq!(second["interpreterStarted"].as_bool(), None, "{second}");
+    // A cell without a timeout gets the session's (project) default of 30 s, not a
+    // snippet's 5 s: a 6 s cell ends by itself and its interpreter lives on.
+    let slow = cell(&d, &id, "python", "import time; time.sleep(6); x");
+    // Proto JSON leaves out a zero exit code and a false `timedOut`.
+    assert_eq!(slow["exitCode"].as_i64().unwrap_or(0), 0, "{slow}");
+    assert_eq!(slow["timedOut"].as_bool(), None, "{slow}");
+    assert_eq!(field(&slow, "stdout"), "20\n", "{slow}");
     let raised = cell(&d, &id, "python", "1 / 0");
     assert_eq!(raised["exitCode"], 1, "{raised}");
     assert!(
