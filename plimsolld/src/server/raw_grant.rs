@@ -1,15 +1,19 @@
-//! Layer 7: a grant sent in full is refused (wire.md §6.6, grants.md §1.5).
+//! Layer 7: the body is read whole here, and a grant sent in full is refused (wire.md §6.6,
+//! grants.md §1.5).
+//!
+//! Every request that reaches this step has its body read to the end (at most the 8 MiB cap)
+//! before the Connect service sees it, so a body that cannot be read — cut off, or not
+//! finished within the 30 s the outer layer allows — is a typed refusal (`invalid_argument`,
+//! not dispatched, reason `request`) on every procedure, never the service's internal error.
 //!
 //! A request only *names* a server-side profile (`grant_profile`); the wire has no field for
 //! a grant itself, so one could never be accepted. But proto3 JSON ignores keys the schema
 //! does not know, and a caller who sends `"grant": {…}` would otherwise get a run with no
-//! grant and no word of why. This step reads a Connect JSON body of `Run` and `SessionRun`
-//! (uncompressed; a body over the 8 MiB cap is refused as the Connect service would), and
-//! refuses it — `invalid_argument`, not dispatched,
-//! reason `request` — when the request or its payload carries a grant key. Anything else
-//! (binary protobuf, which has no such field; compressed bodies, which the Connect service
-//! decodes and caps itself; bodies that are not JSON objects) passes on with its bytes
-//! unchanged.
+//! grant and no word of why. So a Connect JSON body of `Run` and `SessionRun` (uncompressed)
+//! is refused — `invalid_argument`, not dispatched, reason `request` — when the request or
+//! its payload carries a grant key. Anything else (binary protobuf, which has no such field;
+//! compressed bodies, which the Connect service decodes and caps itself; bodies that are not
+//! JSON objects) passes on with its bytes unchanged.
 
 use http_body_util::{BodyExt, Full, LengthLimitError, Limited};
 use plimsoll::refusal::Refusal;
@@ -37,7 +41,7 @@ pub const MESSAGE: &str = "a grant cannot be sent in a request: name a profile c
 #[derive(Clone)]
 pub struct RawGrant;
 
-/// Whether this request's body is one this step reads.
+/// Whether this request's body is one this step scans for a grant.
 fn inspects(req: &HttpRequest) -> bool {
     let json = req
         .headers()
@@ -76,9 +80,7 @@ fn may_name_a_grant(body: &[u8]) -> bool {
 
 impl Step for RawGrant {
     fn handle<S: Inner>(&self, req: HttpRequest, next: S) -> ResponseFuture {
-        if !inspects(&req) {
-            return Box::pin(async move { Ok(call(&next, req).await) });
-        }
+        let scan = inspects(&req);
         Box::pin(async move {
             let (parts, body) = req.into_parts();
             // One byte over the cap is enough for the Connect service to refuse it as over.
@@ -98,7 +100,8 @@ impl Step for RawGrant {
                     return Ok(refuse(&parts.headers, &exchange, refusal));
                 }
             };
-            let refused = may_name_a_grant(&bytes)
+            let refused = scan
+                && may_name_a_grant(&bytes)
                 && serde_json::from_slice::<Value>(&bytes)
                     .ok()
                     .is_some_and(|v| carries_grant(&v));

@@ -248,3 +248,47 @@ fn header_block_under_32_kib_is_served() {
         .send(d.addr);
     assert_eq!(resp.status, 200, "{resp}");
 }
+
+/// A body that cannot be read (here a malformed chunk) is the caller's fault on every
+/// procedure: `invalid_argument`, marked `request`, never the Connect service's internal
+/// error (it was a 500 on `Describe`, `OpenSession` and `CloseSession`, whose bodies no
+/// earlier step read).
+#[test]
+fn a_body_that_cannot_be_read_is_invalid_argument_on_every_procedure() {
+    let d = Daemon::open();
+    for procedure in [
+        "Describe",
+        "OpenSession",
+        "CloseSession",
+        "SessionRun",
+        "Run",
+    ] {
+        let id = connect::request_id();
+        let mut conn = Connection::open(d.addr);
+        let head = format!(
+            "POST {SERVICE_PREFIX}{procedure} HTTP/1.1\r\nHost: {}\r\nContent-Type: application/json\r\n\
+             Connect-Protocol-Version: 1\r\nAccept-Encoding: identity\r\n{REQUEST_ID}: {id}\r\n\
+             Transfer-Encoding: chunked\r\n\r\n",
+            d.addr
+        );
+        let bytes = [head.as_bytes(), &chunk(b"{}"), b"zz\r\n"].concat();
+        conn.send(&bytes).unwrap();
+        let resp = conn.read_response(false).unwrap();
+        assert_eq!(resp.status, 400, "{procedure}: {resp}");
+        assert_eq!(
+            ConnectError::of(&resp).code,
+            "invalid_argument",
+            "{procedure}: {resp}"
+        );
+        assert_eq!(
+            resp.all(NOT_DISPATCHED),
+            vec!["request"],
+            "{procedure}: {resp}"
+        );
+        assert_eq!(
+            resp.all(REQUEST_ID),
+            vec![id.as_str()],
+            "{procedure}: {resp}"
+        );
+    }
+}
