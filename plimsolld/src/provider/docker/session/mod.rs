@@ -183,8 +183,8 @@ fn read_ptrace_scope() -> u32 {
 const TRACING_SYSCALLS: [&str; 3] = ["ptrace", "process_vm_readv", "process_vm_writev"];
 
 /// The seccomp profile a session container gets. Every kept process is already out of
-/// session code's reach without Yama: docker-init and `sleep` run as uid+1, the relays and
-/// interpreters are non-dumpable. Under runc with `ptrace_scope` 0 (or no Yama) the tracing
+/// session code's reach without Yama: docker-init and `sleep` run as root (with only the two
+/// set-id capabilities), the relays and interpreters are non-dumpable. Under runc with `ptrace_scope` 0 (or no Yama) the tracing
 /// calls are withheld as well: docker's built-in profile allows them, so a session then gets
 /// the shipped profile; a profile that allows them (or `unconfined`) is refused. gVisor's
 /// own kernel answers ptrace under runsc, where no seccomp profile applies.
