@@ -193,20 +193,41 @@ pub(crate) struct GrantEnd {
     run: String,
     client: Client,
     opened: Instant,
-    summary: tokio::sync::OnceCell<Option<RunSummary>>,
+    summary: tokio::sync::OnceCell<Closed>,
+}
+
+/// How a grant's close went.
+#[derive(Debug, Clone)]
+pub enum Closed {
+    /// The broker revoked it and counted its calls.
+    Counted(RunSummary),
+    /// The broker no longer knew the run: it was gone already (its deadline passed).
+    Gone,
+    /// The broker could not be asked: the grant may still answer until its deadline (the
+    /// close is retried in the background).
+    Unconfirmed,
+}
+
+impl Closed {
+    /// The run's counts, when the broker gave them.
+    pub fn summary(self) -> Option<RunSummary> {
+        match self {
+            Closed::Counted(summary) => Some(summary),
+            Closed::Gone | Closed::Unconfirmed => None,
+        }
+    }
 }
 
 // === impl GrantEnd ===
 
 impl GrantEnd {
-    /// Closes the run at the broker (once) and returns its counts, or `None` when the broker
-    /// could not say (the close is then retried in the background; the broker revokes at the
-    /// deadline itself anyway).
-    async fn close(&self) -> Option<RunSummary> {
+    /// Closes the run at the broker (once) and says how that went.
+    async fn close(&self) -> Closed {
         self.summary
             .get_or_init(|| async {
                 match self.client.close(&self.run).await {
-                    Ok(summary) => Some(summary),
+                    Ok(summary) => Closed::Counted(summary),
+                    Err(ControlError::Refused(_)) => Closed::Gone,
                     Err(e) => {
                         tracing::warn!(
                             run = %self.run,
@@ -215,7 +236,7 @@ impl GrantEnd {
                             "could not close a run's grant; trying again"
                         );
                         close_later(self.client.clone(), self.run.clone());
-                        None
+                        Closed::Unconfirmed
                     }
                 }
             })
@@ -429,7 +450,17 @@ impl Grants {
             kept_from_earlier_calls,
             call_token,
         };
-        match live.client.open(&request).await {
+        let mut in_flight = OpenInFlight {
+            client: &live.client,
+            run: &run,
+            armed: true,
+        };
+        let opened = live.client.open(&request).await;
+        // Answered (opened or refused), or never sent (busy): no run is left to close here.
+        // A failed channel leaves it armed: the broker may have opened the run before.
+        in_flight.armed = !matches!(opened, Ok(_) | Err(ControlError::Busy { .. }));
+        drop(in_flight);
+        match opened {
             Ok(Ok(grant)) => {
                 let end = Arc::new(GrantEnd {
                     run,
@@ -459,17 +490,15 @@ impl Grants {
                 Ok(OpenGrant::new(end, Arc::new(guest)))
             }
             Ok(Err(refused)) => Err(refusal(refused)),
-            // This run's refusal only: the health check alone says whether the broker is
-            // down. The broker may have opened the run before the channel failed, so it is
-            // closed by id (an unknown run is fine).
             // Nothing was sent: no connection came free.
             Err(ControlError::Busy { .. }) => Err(Refusal::AtCapacity(
                 "the grant broker is busy: no control connection came free; retry shortly; nothing ran"
                     .to_owned(),
             )),
+            // This run's refusal only: the health check alone says whether the broker is
+            // down. The run was closed by id above (an unknown run is fine).
             Err(e) => {
                 tracing::warn!(error = %e, "a run's grant could not be opened; that run is refused");
-                close_later(live.client.clone(), run);
                 Err(Refusal::PermissionDenied(
                     "the grant broker did not answer this run's open; nothing ran".to_owned(),
                 ))
@@ -529,6 +558,23 @@ fn broker_down() -> Refusal {
         "grants are unavailable right now: the grant broker is not answering; nothing ran"
             .to_owned(),
     )
+}
+
+/// A run's open at the broker, until its answer: dropped armed (the channel failed, or the
+/// caller went away and the open's future with it), it closes the run in the background,
+/// since the broker may have opened it and nothing else would close it before its deadline.
+struct OpenInFlight<'a> {
+    client: &'a Client,
+    run: &'a str,
+    armed: bool,
+}
+
+impl Drop for OpenInFlight<'_> {
+    fn drop(&mut self) {
+        if self.armed {
+            close_later(self.client.clone(), self.run.to_owned());
+        }
+    }
 }
 
 /// Closes run `run` in the background (see [`retry_close`]).
@@ -690,11 +736,11 @@ impl OpenGrant {
         self.guest.clone()
     }
 
-    /// Revokes the grant (in-flight calls end, the socket goes or the token dies) and returns
-    /// its counts, or `None` when the broker could not say (the close is then retried in the
-    /// background, and the broker revokes the grant at its deadline anyway). After
-    /// [`GuestGrant::end_now`] it only returns the counts that end collected.
-    pub async fn close(mut self) -> Option<RunSummary> {
+    /// Revokes the grant (in-flight calls end, the socket goes or the token dies) and says
+    /// how that went; [`Closed::Unconfirmed`] when the broker could not be asked (the close
+    /// is then retried in the background, and the broker revokes the grant at its deadline
+    /// anyway). After [`GuestGrant::end_now`] it only returns what that end found.
+    pub async fn close(mut self) -> Closed {
         self.closed = true;
         self.end.close().await
     }
@@ -733,6 +779,75 @@ mod tests {
         assert_eq!(of(RefusalReason::Permission), "permission");
         assert_eq!(of(RefusalReason::Capacity), "capacity");
         assert_eq!(of(RefusalReason::Request), "request");
+    }
+
+    /// An open whose future is dropped before the broker answered (the caller went away)
+    /// closes its run: the broker may have opened it, and nothing else would.
+    #[tokio::test]
+    async fn an_open_dropped_before_its_answer_closes_its_run() {
+        use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("control.sock");
+        let listener = tokio::net::UnixListener::bind(&path).unwrap();
+        let (seen, mut requests) = tokio::sync::mpsc::unbounded_channel();
+        tokio::spawn(async move {
+            loop {
+                let Ok((stream, _)) = listener.accept().await else {
+                    return;
+                };
+                let seen = seen.clone();
+                tokio::spawn(async move {
+                    let (read, mut write) = stream.into_split();
+                    let mut lines = BufReader::new(read).lines();
+                    while let Ok(Some(line)) = lines.next_line().await {
+                        let request: protocol::Request = serde_json::from_str(&line).unwrap();
+                        // The open is never answered; the close is, as an unknown run.
+                        if matches!(request, protocol::Request::Close { .. }) {
+                            let refused = protocol::Response::Refused(protocol::Refusal {
+                                reason: RefusalReason::Request,
+                                message: "unknown run".into(),
+                            });
+                            let mut out = serde_json::to_vec(&refused).unwrap();
+                            out.push(b'\n');
+                            let _ = write.write_all(&out).await;
+                        }
+                        let _ = seen.send(request);
+                    }
+                });
+            }
+        });
+        let client = Client::new(&path);
+        let request = OpenRun {
+            run: "r1".into(),
+            principal: "alice".into(),
+            profile: "inv".into(),
+            deadline_unix_ms: 0,
+            session: false,
+            delivery: Delivery::Socket,
+            slot: None,
+            kept_from_earlier_calls: 0,
+            call_token: false,
+        };
+        let open = async {
+            let _in_flight = OpenInFlight {
+                client: &client,
+                run: "r1",
+                armed: true,
+            };
+            client.open(&request).await
+        };
+        let dropped = tokio::time::timeout(Duration::from_millis(300), open).await;
+        assert!(dropped.is_err(), "the open was never answered");
+        let first = requests.recv().await.unwrap();
+        assert!(matches!(first, protocol::Request::Open(_)), "{first:?}");
+        let closed = tokio::time::timeout(Duration::from_secs(5), requests.recv())
+            .await
+            .expect("a close within 5 s")
+            .unwrap();
+        assert!(
+            matches!(&closed, protocol::Request::Close { run } if run == "r1"),
+            "{closed:?}"
+        );
     }
 
     #[tokio::test]

@@ -178,7 +178,7 @@ impl Dispatch {
         }
         // The sandbox has ended (whatever the outcome): revoke the grant before answering.
         let host_calls = match self.grant.take() {
-            Some(grant) => grant.close().await,
+            Some(grant) => grant.close().await.summary(),
             None => None,
         };
         let payload = Payload::of_run(self.req.payload.as_ref());

@@ -20,7 +20,7 @@ use plimsoll::wire::{
 use super::run::{GRANT_SLACK, check_floor, check_profile, check_software};
 use super::{State, answer_error, internal};
 use crate::auth::Principal;
-use crate::grant::{GuestGrant, OpenGrant, SessionSlot};
+use crate::grant::{Closed, GuestGrant, OpenGrant, SessionSlot};
 use crate::provider::{CellCall, Hold, ProjectPlan, SessionFault, SessionSandbox};
 use crate::record::Arrival;
 use crate::session::{Entry, OpenTerms, Sessions, Stated, Turn, TurnGuard, terms};
@@ -318,13 +318,20 @@ impl Call {
         // The call's code has ended: the socket goes back to answering 503 before the answer
         // (and before the sweep), so nothing the call left running keeps its grant.
         let mut host_calls = None;
-        if let (Some(grant), Some(profile)) = (lent, &self.profile)
-            && let Some(summary) = grant.close().await
-        {
-            self.state.metrics.host_calls(profile, &summary);
-            host_calls = Some(summary);
+        let mut unrevoked = false;
+        if let (Some(grant), Some(profile)) = (lent, &self.profile) {
+            match grant.close().await {
+                Closed::Counted(summary) => {
+                    self.state.metrics.host_calls(profile, &summary);
+                    host_calls = Some(summary);
+                }
+                Closed::Gone => {}
+                Closed::Unconfirmed => unrevoked = true,
+            }
         }
-        if self.profile.is_some() {
+        // A grant the broker may still answer with: what earlier calls left stays held, and
+        // the session ends below (its sandbox goes), so nothing left in it can use the grant.
+        if self.profile.is_some() && !unrevoked {
             sandbox.release_kept().await;
         }
         let answer = match ran {
@@ -345,6 +352,16 @@ impl Call {
                 Err(self.unanswered_from(&mut turn, id))
             }
         };
+        if unrevoked {
+            drop(turn);
+            self.state.sessions.end(
+                &self.entry,
+                SessionEnd::SESSION_END_BOUNDARY_FAILED,
+                "the grant broker did not confirm that the call's grant was taken back, so the \
+                 session ended: nothing left in its sandbox can use the grant",
+            );
+            return answer;
+        }
         sweep_after(
             Arc::clone(&self.state.sessions),
             Arc::clone(&self.entry),

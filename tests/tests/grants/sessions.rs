@@ -502,3 +502,82 @@ fn assert_interpreters_ended(d: &Daemon, f: &Fixture, id: &str, profile: &str, h
     assert_eq!(cell["interpreterStarted"], true, "{cell}");
     assert_eq!(field(&cell, "stdout"), "True\n", "{cell}");
 }
+
+/// The daemon's supervised broker, found among its children by name.
+fn broker_pid(d: &Daemon) -> u32 {
+    let tasks = std::fs::read_dir(format!("/proc/{}/task", d.pid())).expect("daemon tasks");
+    let children: Vec<u32> = tasks
+        .filter_map(|t| std::fs::read_to_string(t.ok()?.path().join("children")).ok())
+        .flat_map(|c| {
+            c.split_whitespace()
+                .filter_map(|p| p.parse().ok())
+                .collect::<Vec<_>>()
+        })
+        .collect();
+    children
+        .into_iter()
+        .find(|pid| {
+            std::fs::read_to_string(format!("/proc/{pid}/comm")).is_ok_and(|c| c.trim() == "broker")
+        })
+        .expect("the daemon's broker child")
+}
+
+/// Stops a process with SIGSTOP until dropped (SIGCONT), so a failing assertion never leaves
+/// the broker stopped.
+struct Stopped(u32);
+
+impl Stopped {
+    fn signal(pid: u32, signal: &str) {
+        let status = std::process::Command::new("kill")
+            .args([signal, &pid.to_string()])
+            .status()
+            .expect("kill");
+        assert!(status.success(), "kill {signal} {pid}");
+    }
+    fn new(pid: u32) -> Stopped {
+        Stopped::signal(pid, "-STOP");
+        Stopped(pid)
+    }
+}
+
+impl Drop for Stopped {
+    fn drop(&mut self) {
+        Stopped::signal(self.0, "-CONT");
+    }
+}
+
+/// A granted call whose grant the broker cannot confirm it took back (it stops answering
+/// while the call runs) still gets its answer, but the session ends as `boundary_failed`: its
+/// sandbox goes, so nothing left in it can use a grant that may still answer.
+#[test]
+fn a_grant_the_broker_cannot_confirm_taken_back_ends_the_session() {
+    if !docker_ready() {
+        return;
+    }
+    let f = Fixture::start();
+    f.write_grants(&session_profiles(&f));
+    let d = session_daemon(&f);
+    let id = open_python(&f.alice, &d);
+    snippet_ran(&d, &f.alice, &id, "console.log('warm')", "");
+    let broker = broker_pid(&d);
+    let answered = std::thread::scope(|s| {
+        let call = s.spawn(|| {
+            let code = "setTimeout(() => console.log('ran'), 3000)";
+            session_run(&d, &f.alice, &id, snippet(code, "sess"))
+        });
+        // The grant is lent before the snippet's node starts; stop the broker while it runs.
+        std::thread::sleep(Duration::from_millis(1500));
+        let stopped = Stopped::new(broker);
+        let answered = call.join().expect("call thread");
+        drop(stopped);
+        answered
+    });
+    assert_eq!(answered.status, 200, "the call ran: {answered}");
+    let run = answered.json()["run"].clone();
+    assert_eq!(field(&run["javascript"], "stdout"), "ran\n", "{run}");
+    let closed = close(&f.alice, &d, &id);
+    assert_eq!(
+        closed["ended"], "SESSION_END_BOUNDARY_FAILED",
+        "the session ended under the unconfirmed grant: {closed}"
+    );
+}
