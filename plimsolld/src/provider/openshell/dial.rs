@@ -252,7 +252,8 @@ impl Tokens {
         }
     }
 
-    /// Revokes every token ever made (within [`REVOKE_BOUND`]); answers how many failed.
+    /// Revokes every token ever made, side by side (one slow revoke does not spend the
+    /// others' time), within [`REVOKE_BOUND`]; answers how many were not confirmed.
     async fn revoke_all(&self) -> usize {
         let tokens: Vec<String> = self
             .slots
@@ -261,19 +262,18 @@ impl Tokens {
             .iter()
             .map(|s| s.token.clone())
             .collect();
-        let revoke = async {
-            let mut failed = 0;
-            for token in &tokens {
-                if let Err(e) = self.gateway.revoke_ssh_session(token).await {
-                    tracing::warn!(sandbox = %self.sandbox, error = %e, "could not revoke an SSH-session token");
-                    failed += 1;
-                }
+        let revokes = tokens.iter().map(|token| async move {
+            let revoked = self.gateway.revoke_ssh_session(token).await;
+            if let Err(e) = &revoked {
+                tracing::warn!(sandbox = %self.sandbox, error = %e, "could not revoke an SSH-session token");
             }
-            failed
-        };
-        tokio::time::timeout(REVOKE_BOUND, revoke)
-            .await
-            .unwrap_or(tokens.len())
+            revoked.is_ok()
+        });
+        let all = futures::future::join_all(revokes);
+        match tokio::time::timeout(REVOKE_BOUND, all).await {
+            Ok(revoked) => revoked.iter().filter(|ok| !**ok).count(),
+            Err(_) => tokens.len(),
+        }
     }
 }
 
@@ -489,33 +489,47 @@ async fn work(mut w: Worker) {
             () = w.spares.take() => true,
         };
         w.backoff.wait().await;
-        match dial(&mut w, spare).await {
-            Ok(true) => {
-                w.counts.carried.fetch_add(1, Ordering::Relaxed);
-                w.backoff.reset();
-            }
-            Ok(false) | Err(()) => {
-                // Refused, or nothing passed: the need (or the spare) comes back, and every
-                // worker pauses.
-                w.counts.failed.fetch_add(1, Ordering::Relaxed);
-                if spare {
-                    w.spares.add();
-                } else {
-                    w.needs.add();
-                }
-                w.backoff.fail();
-            }
+        let dialled = dial(&mut w, spare).await;
+        if dialled == Dialled::Carried {
+            w.counts.carried.fetch_add(1, Ordering::Relaxed);
+            w.backoff.reset();
+            continue;
         }
+        // Refused, or nothing passed: every worker pauses, and the need (or the spare) comes
+        // back, unless a used spare already asked for the next one.
+        w.counts.failed.fetch_add(1, Ordering::Relaxed);
+        match (dialled, spare) {
+            (Dialled::NothingNextAsked, _) => {}
+            (_, true) => w.spares.add(),
+            (_, false) => w.needs.add(),
+        }
+        w.backoff.fail();
     }
 }
 
-/// Opens one stream into the relay and joins it with a broker connection; answers whether
-/// any byte passed. `Err` when the stream could not be opened. A `spare` waits parked for
-/// its guest's first bytes before it reaches the broker, and then asks for the next spare.
-async fn dial(w: &mut Worker, spare: bool) -> Result<bool, ()> {
-    let token = w.tokens.claim().await.map_err(|e| {
-        tracing::debug!(sandbox = %w.sandbox, error = %e, "no SSH-session token");
-    })?;
+/// How one dial went.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Dialled {
+    /// Bytes passed.
+    Carried,
+    /// The stream could not be opened, or nothing passed.
+    Nothing,
+    /// A spare got its guest's first bytes (and so asked for the next spare) but nothing
+    /// reached the broker.
+    NothingNextAsked,
+}
+
+/// Opens one stream into the relay and joins it with a broker connection. A `spare` waits
+/// parked for its guest's first bytes before it reaches the broker, and then asks for the
+/// next spare.
+async fn dial(w: &mut Worker, spare: bool) -> Dialled {
+    let token = match w.tokens.claim().await {
+        Ok(token) => token,
+        Err(e) => {
+            tracing::debug!(sandbox = %w.sandbox, error = %e, "no SSH-session token");
+            return Dialled::Nothing;
+        }
+    };
     let (tx, rx) = mpsc::channel::<TcpForwardFrame>(4);
     let init = TcpForwardFrame {
         payload: Some(Frame::Init(TcpForwardInit {
@@ -531,7 +545,7 @@ async fn dial(w: &mut Worker, spare: bool) -> Result<bool, ()> {
     };
     if tx.send(init).await.is_err() {
         w.tokens.release(&token);
-        return Err(());
+        return Dialled::Nothing;
     }
     let inbound = match w.gateway.forward_tcp(ReceiverStream::new(rx)).await {
         Ok(inbound) => inbound,
@@ -544,7 +558,7 @@ async fn dial(w: &mut Worker, spare: bool) -> Result<bool, ()> {
             }
             w.tokens.release(&token);
             tracing::debug!(sandbox = %w.sandbox, error = %e, "ForwardTcp refused");
-            return Err(());
+            return Dialled::Nothing;
         }
     };
     w.counts.dials.fetch_add(1, Ordering::Relaxed);
@@ -557,7 +571,7 @@ async fn dial(w: &mut Worker, spare: bool) -> Result<bool, ()> {
             }
             None => {
                 w.tokens.release(&token);
-                return Ok(false);
+                return Dialled::Nothing;
             }
         }
     } else {
@@ -578,7 +592,11 @@ async fn dial(w: &mut Worker, spare: bool) -> Result<bool, ()> {
     };
     // The stream is over for the gateway once `join` returned: give its room back.
     w.tokens.release(&token);
-    Ok(carried)
+    match (carried, first.is_empty()) {
+        (true, _) => Dialled::Carried,
+        (false, true) => Dialled::Nothing,
+        (false, false) => Dialled::NothingNextAsked,
+    }
 }
 
 /// A parked spare's first bytes from the guest; `None` when the stream ended first or the run
