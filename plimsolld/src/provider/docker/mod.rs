@@ -556,9 +556,10 @@ impl Docker {
                 .map_err(fail)?;
         }
         drop(socket);
-        // 8. Under runsc, the host cgroup of a live sandbox carries the host pids limit.
+        // 8. Under runsc, evidence of gVisor: a live sandbox's host process is the runsc
+        //    binary, its host cgroup carries the host pids limit, its guest another kernel.
         if inner.settings.runtime.is_runsc() {
-            smoke::prove_host_pids(&ctx, &verified.snippet)
+            smoke::prove_gvisor(&ctx, &verified.snippet, verified.runtime.path.as_deref())
                 .await
                 .map_err(fail)?;
         }

@@ -60,7 +60,8 @@ pub struct RuntimeEvidence {
     /// The registered path, when docker states one.
     pub path: Option<String>,
     /// The `kernel` tier's precondition: runsc is configured and registered under a path
-    /// whose file name is `runsc`.
+    /// whose file name is `runsc` (the startup proof then sees gVisor at work:
+    /// `smoke::prove_gvisor`).
     pub runsc_verified: bool,
 }
 

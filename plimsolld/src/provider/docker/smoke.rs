@@ -341,13 +341,23 @@ pub fn judge(
     Ok(())
 }
 
-/// §5.12 step 8 under runsc: the host cgroup of a running sandbox carries the host pids limit.
-pub async fn prove_host_pids(ctx: &Context<'_>, image: &VerifiedImage) -> Result<(), DockerError> {
+/// §5.12 step 8 under runsc, the `kernel` tier's evidence (not the registration's file
+/// name, which a wrapper or a link to runc would also carry): the host process docker names
+/// for a live sandbox is the registered runsc binary itself (the same file), its host cgroup
+/// carries the host pids limit, and the kernel the guest reads is not the host's.
+pub async fn prove_gvisor(
+    ctx: &Context<'_>,
+    image: &VerifiedImage,
+    runsc_path: Option<&str>,
+) -> Result<(), DockerError> {
     let (started_tx, started_rx) = tokio::sync::oneshot::channel();
-    let fail = |detail: String| DockerError::Smoke {
-        check: "host pids limit",
-        detail,
-    };
+    let fail = |check: &'static str, detail: String| DockerError::Smoke { check, detail };
+    let registered = runsc_path.and_then(resolve_binary).ok_or_else(|| {
+        fail(
+            "gvisor",
+            format!("runsc's registered path {runsc_path:?} is not a file here"),
+        )
+    })?;
     let run = container::run(
         ctx,
         Request {
@@ -355,7 +365,7 @@ pub async fn prove_host_pids(ctx: &Context<'_>, image: &VerifiedImage) -> Result
             argv: vec!["node".to_owned(), "-".to_owned()],
             run_env: Vec::new(),
             image_env: true,
-            stdin: b"setTimeout(() => {}, 2000)".to_vec(),
+            stdin: GUEST_KERNEL.as_bytes().to_vec(),
             timeout: PROBE_TIMEOUT,
             work: false,
             socket: None,
@@ -368,31 +378,87 @@ pub async fn prove_host_pids(ctx: &Context<'_>, image: &VerifiedImage) -> Result
     let check = async {
         let id = started_rx
             .await
-            .map_err(|_| fail("the container did not start".into()))?;
+            .map_err(|_| fail("gvisor", "the container did not start".into()))?;
         let inspected = ctx.engine.inspect_container(&id).await?;
         let pid = inspected
             .state
             .and_then(|s| s.pid)
             .filter(|p| *p > 0)
-            .ok_or_else(|| fail("docker states no host pid".into()))?;
+            .ok_or_else(|| fail("gvisor", "docker states no host pid".into()))?;
+        same_file(Path::new(&format!("/proc/{pid}/exe")), &registered).map_err(|why| {
+            fail(
+                "gvisor",
+                format!(
+                    "the sandbox's host process {pid} is not {}: {why}",
+                    registered.display()
+                ),
+            )
+        })?;
         let cgroup = std::fs::read_to_string(format!("/proc/{pid}/cgroup"))
-            .map_err(|e| fail(format!("/proc/{pid}/cgroup: {e}")))?;
-        let path = pids_cgroup_file(&cgroup, &id).map_err(fail)?;
-        let max =
-            std::fs::read_to_string(&path).map_err(|e| fail(format!("{}: {e}", path.display())))?;
+            .map_err(|e| fail("host pids limit", format!("/proc/{pid}/cgroup: {e}")))?;
+        let path = pids_cgroup_file(&cgroup, &id).map_err(|e| fail("host pids limit", e))?;
+        let max = std::fs::read_to_string(&path)
+            .map_err(|e| fail("host pids limit", format!("{}: {e}", path.display())))?;
         let want = ctx.settings.host_pids_limit().to_string();
         if max.trim() != want {
-            return Err(fail(format!(
-                "{} reads {:?}, expected {want}",
-                path.display(),
-                max.trim()
-            )));
+            return Err(fail(
+                "host pids limit",
+                format!("{} reads {:?}, expected {want}", path.display(), max.trim()),
+            ));
         }
         Ok(())
     };
     let (ran, checked) = tokio::join!(run, check);
     checked?;
-    ran.map(drop)
+    let ran = ran?;
+    let host = std::fs::read_to_string("/proc/version")
+        .map_err(|e| fail("gvisor", format!("/proc/version: {e}")))?;
+    let guest = String::from_utf8_lossy(&ran.stdout.0);
+    if ran.exit_code != 0 || guest.trim().is_empty() {
+        return Err(fail(
+            "gvisor",
+            format!(
+                "the guest could not read its kernel version (exit {})",
+                ran.exit_code
+            ),
+        ));
+    }
+    if guest.trim() == host.trim() {
+        return Err(fail(
+            "gvisor",
+            "the guest reads the host's own kernel version: it is not under gVisor".into(),
+        ));
+    }
+    Ok(())
+}
+
+/// What the gVisor probe's guest runs: prints the kernel version it sees, then stays up while
+/// the host looks at its sandbox.
+const GUEST_KERNEL: &str = "process.stdout.write(require('fs').readFileSync('/proc/version', 'utf8')); setTimeout(() => {}, 2000)";
+
+/// The file a registered runtime path names: absolute, or found on this process's `PATH` as
+/// dockerd would find a bare name.
+fn resolve_binary(path: &str) -> Option<PathBuf> {
+    let given = Path::new(path);
+    if given.is_absolute() {
+        return given.is_file().then(|| given.to_owned());
+    }
+    let search = std::env::var_os("PATH")?;
+    std::env::split_paths(&search)
+        .map(|dir| dir.join(given))
+        .find(|candidate| candidate.is_file())
+}
+
+/// Whether `a` and `b` are the same file (device and inode, links followed).
+fn same_file(a: &Path, b: &Path) -> Result<(), String> {
+    use std::os::unix::fs::MetadataExt;
+    let of = |p: &Path| std::fs::metadata(p).map_err(|e| format!("{}: {e}", p.display()));
+    let (a_meta, b_meta) = (of(a)?, of(b)?);
+    if (a_meta.dev(), a_meta.ino()) == (b_meta.dev(), b_meta.ino()) {
+        return Ok(());
+    }
+    let named = std::fs::read_link(a).map_or_else(|_| "?".to_owned(), |t| t.display().to_string());
+    Err(format!("it runs {named}"))
 }
 
 /// The host `pids.max` file for the cgroup in `proc_cgroup` (v1 `pids` line or v2 `0::`

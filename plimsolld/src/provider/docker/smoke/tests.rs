@@ -185,3 +185,39 @@ fn the_pids_cgroup_must_name_the_container() {
     );
     assert!(pids_cgroup_file("3:cpu:/docker/abc123\n", id).is_err());
 }
+
+#[test]
+fn a_runtime_path_resolves_absolute_or_on_path_and_nothing_else() {
+    let dir = tempfile::tempdir().unwrap();
+    let binary = dir.path().join("runsc");
+    std::fs::write(&binary, b"").unwrap();
+    assert_eq!(
+        resolve_binary(binary.to_str().unwrap()),
+        Some(binary.clone())
+    );
+    assert_eq!(
+        resolve_binary(dir.path().join("absent").to_str().unwrap()),
+        None
+    );
+    assert_eq!(
+        resolve_binary(dir.path().to_str().unwrap()),
+        None,
+        "a directory"
+    );
+    // A bare name is looked up on PATH (sh is on every PATH these tests run with).
+    assert!(resolve_binary("sh").is_some_and(|p| p.is_absolute()));
+    assert_eq!(resolve_binary("plimsoll-no-such-runtime"), None);
+}
+
+#[test]
+fn the_sandbox_process_must_be_the_registered_file_itself() {
+    let dir = tempfile::tempdir().unwrap();
+    let real = dir.path().join("runsc");
+    std::fs::write(&real, b"x").unwrap();
+    let link = dir.path().join("link");
+    std::os::unix::fs::symlink(&real, &link).unwrap();
+    assert_eq!(same_file(&link, &real), Ok(()), "a link to it is it");
+    // A process running another binary (this test) is refused, naming what it runs.
+    let other = same_file(Path::new("/proc/self/exe"), &real).unwrap_err();
+    assert!(other.starts_with("it runs /"), "{other}");
+}
