@@ -421,6 +421,11 @@ async function main() {
     }
     key = Buffer.from(hexKey, "hex");
     try {
+        // The guard moves a runner started as root off root before node starts; one still
+        // root ran without it (the loader skips a preload it cannot load, silently).
+        if (process.getuid() === 0 || process.geteuid() === 0) {
+            throw new Error("the runner runs as root: its guard library did not load; nothing ran");
+        }
         if (WORK === null) throw new Error("PLIMSOLL_WORK is not a plain absolute path; nothing ran");
         const plan = JSON.parse(input.subarray(newline + 1).toString("utf8"));
         const started = Date.now();

@@ -373,3 +373,56 @@ fn a_file_that_cannot_be_written_is_setup_failed_and_no_step_runs() {
     let detail = v["project"]["outcomeDetail"].as_str().unwrap_or_default();
     assert!(detail.contains("\"a/b\""), "{detail}");
 }
+
+/// The runner in the project image refuses to run a plan while it is still root: a runner
+/// started as root whose guard library did not load (an image without it: the loader skips
+/// a preload it cannot load) would otherwise run every step's setup as root.
+#[test]
+fn a_runner_left_root_without_its_guard_runs_nothing() {
+    require_docker!();
+    use std::io::Write as _;
+    let mut child = Command::new("docker")
+        .args([
+            "run",
+            "--rm",
+            "-i",
+            "--network",
+            "none",
+            "--runtime",
+            runtime(),
+            "--user",
+            "0:0",
+            "-e",
+            "PLIMSOLL_GUEST_ID=61000:61000",
+            "-e",
+            "PLIMSOLL_WORK=/tmp",
+            "--entrypoint",
+            "node",
+            project_image(),
+            "/runner.mjs",
+        ])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("docker run");
+    let plan = json!({ "steps": ["echo step-ran"], "timeoutMs": 10000 });
+    let input = format!("{}\n{plan}", "ab".repeat(32));
+    child
+        .stdin
+        .take()
+        .expect("stdin")
+        .write_all(input.as_bytes())
+        .expect("plan");
+    let out = child.wait_with_output().expect("runner");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        stdout.contains("the runner runs as root: its guard library did not load"),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        !stdout.contains("\"steps\""),
+        "the report has steps: {stdout}"
+    );
+}
