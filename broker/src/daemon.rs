@@ -70,9 +70,11 @@ pub enum StartError {
 impl Config {
     /// Reads every variable; reports the first problem.
     pub fn from_env(vars: &dyn Environment) -> Result<Self, StartError> {
+        // Trimmed, as plimsolld reads the same variables it hands on to its broker.
         let path = |name: &'static str| {
             vars.var(name)
-                .filter(|v| !v.trim().is_empty())
+                .map(|v| v.trim().to_owned())
+                .filter(|v| !v.is_empty())
                 .map(PathBuf::from)
         };
         let grants_file = path(env::GRANTS_FILE).ok_or(StartError::Missing(env::GRANTS_FILE))?;
@@ -99,16 +101,11 @@ impl Config {
                 });
             }
         }
-        let text_logs = match vars.var(env::LOG_FORMAT).as_deref() {
-            None | Some("" | "json") => false,
-            Some("text") => true,
-            Some(other) => {
-                return Err(StartError::Invalid {
-                    name: env::LOG_FORMAT,
-                    detail: format!("{other:?} is not json or text"),
-                });
-            }
-        };
+        // plimsolld's rule (config.md §2.1), since a supervised broker inherits the variable:
+        // trimmed, case-insensitive `text` selects text, anything else means JSON.
+        let text_logs = vars
+            .var(env::LOG_FORMAT)
+            .is_some_and(|v| v.trim().eq_ignore_ascii_case("text"));
         let guest_uid = match vars.var(env::BROKER_GUEST_UID).as_deref().map(str::trim) {
             None | Some("") => DEFAULT_GUEST_UID,
             Some(text) => match text.parse::<u32>() {
@@ -208,5 +205,52 @@ async fn sweep_sockets(runs: std::sync::Arc<Runs>) {
     loop {
         tokio::time::sleep(SOCKET_SWEEP_EVERY).await;
         runs.sweep_sockets();
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used)]
+mod tests {
+    use std::collections::HashMap;
+
+    use super::*;
+
+    fn config(pairs: &[(&str, &str)]) -> Result<Config, StartError> {
+        let mut vars: HashMap<String, String> = [
+            (env::GRANTS_FILE, "/etc/plimsoll/grants.json"),
+            (env::BROKER_SOCKET, "/run/plimsoll/broker.sock"),
+        ]
+        .iter()
+        .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+        .collect();
+        for (k, v) in pairs {
+            vars.insert((*k).to_owned(), (*v).to_owned());
+        }
+        Config::from_env(&vars)
+    }
+
+    #[test]
+    fn the_log_format_is_read_as_plimsolld_reads_it() {
+        for (value, text) in [
+            ("text", true),
+            ("TEXT", true),
+            (" text ", true),
+            ("json", false),
+            ("pretty", false),
+            ("", false),
+        ] {
+            let c = config(&[(env::LOG_FORMAT, value)]).unwrap();
+            assert_eq!(c.text_logs, text, "{value:?}");
+        }
+    }
+
+    #[test]
+    fn paths_are_trimmed() {
+        let c = config(&[(env::GRANTS_FILE, " /etc/grants.json ")]).unwrap();
+        assert_eq!(c.grants_file, PathBuf::from("/etc/grants.json"));
+        assert!(matches!(
+            config(&[(env::BROKER_SOCKET, "  ")]),
+            Err(StartError::Missing(_))
+        ));
     }
 }

@@ -5,15 +5,15 @@
 //! passes call the same function; only `proven_tier` differs. Every violation is collected and
 //! reported together.
 //!
-//! Rules this build can judge: isolation (1), identity (2), transport (3), immutable surface
-//! (4), the explicit envelope (5), sessions (8) and metered allowances (9). The provider's
-//! part of rules 1, 4 and 5 (the tier it could reach, its own surface, the limits its
-//! sandboxes need) comes from its settings ([`crate::provider::config::ProviderSettings`]);
-//! rate (6) and per-caller concurrency (7) arrive with the settings they judge.
+//! All nine rules: isolation (1), identity (2), transport (3), immutable surface (4), the
+//! explicit envelope (5), rate (6), per-caller concurrency (7), sessions (8) and metered
+//! allowances (9). The provider's part of rules 1, 4 and 5 (the tier it could reach, its own
+//! surface, the limits its sandboxes need) comes from its settings
+//! ([`crate::provider::config::ProviderSettings`]).
 
 use super::env::{
-    ENV_ADDR, ENV_CLIENTS_FILE, ENV_CPUS, ENV_DISK_MB, ENV_INSECURE, ENV_MEMORY_MB,
-    ENV_METRICS_ADDR,
+    ENV_ADDR, ENV_CLIENTS_FILE, ENV_CPUS, ENV_DISK_MB, ENV_INSECURE, ENV_MAX_CONCURRENT,
+    ENV_MEMORY_MB, ENV_METRICS_ADDR, ENV_PER_KEY_CONCURRENT, ENV_RATE_BURST, ENV_RATE_PER_MIN,
 };
 use super::listen_addr::is_loopback_addr;
 use super::{AuthConfig, Config};
@@ -109,6 +109,28 @@ pub fn hardened_violations(config: &Config, proven_tier: Option<&str>) -> Vec<St
         if value <= 0.0 {
             violations.push(format!("envelope: {var} must be set explicitly, above 0"));
         }
+    }
+
+    // 6. Rate: a limit, and a burst no larger than a minute's refill (an unset burst is the
+    // rate already).
+    let limits = &config.limits;
+    if limits.rate_per_min == 0 {
+        violations.push(format!("rate: {ENV_RATE_PER_MIN} must be above 0"));
+    } else if limits.rate_burst > limits.rate_per_min {
+        violations.push(format!(
+            "rate: {ENV_RATE_BURST}={} is above {ENV_RATE_PER_MIN}={}",
+            limits.rate_burst, limits.rate_per_min
+        ));
+    }
+
+    // 7. Per-caller concurrency: a cap strictly below the daemon's (after the memory clamp),
+    // so one caller can never take every slot.
+    if limits.per_key_concurrent == 0 || limits.per_key_concurrent >= limits.max_concurrent {
+        violations.push(format!(
+            "per-caller concurrency: {ENV_PER_KEY_CONCURRENT}={} must be above 0 and below the \
+             daemon's cap of {} ({ENV_MAX_CONCURRENT}, after the memory clamp)",
+            limits.per_key_concurrent, limits.max_concurrent
+        ));
     }
 
     // 8. Sessions: when on, every caller is capped.
@@ -290,6 +312,53 @@ mod tests {
         assert_eq!(found.len(), 3, "{found:?}");
         for var in ["SANDBOX_MEMORY_MB", "SANDBOX_CPUS", "SANDBOX_DISK_MB"] {
             assert!(found.iter().any(|v| v.contains(var)), "{var}");
+        }
+    }
+
+    #[test]
+    fn rate_needs_a_limit_and_a_burst_within_it() {
+        let env = |pairs: &[(&str, &str)]| -> Config {
+            let env: HashMap<String, String> = pairs
+                .iter()
+                .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+                .collect();
+            let mut config = passing();
+            config.limits = Config::from_env(&env).unwrap().limits;
+            config
+        };
+        assert!(violations(&env(&[])).is_empty(), "the defaults pass");
+        let burst_unset = env(&[("SANDBOX_RATE_PER_MIN", "10")]);
+        assert!(
+            violations(&burst_unset).is_empty(),
+            "an unset burst is the rate"
+        );
+        let off = violations(&env(&[("SANDBOX_RATE_PER_MIN", "0")]));
+        assert_eq!(off, ["rate: SANDBOX_RATE_PER_MIN must be above 0"]);
+        let wide = violations(&env(&[
+            ("SANDBOX_RATE_PER_MIN", "30"),
+            ("SANDBOX_RATE_BURST", "31"),
+        ]));
+        assert_eq!(
+            wide,
+            ["rate: SANDBOX_RATE_BURST=31 is above SANDBOX_RATE_PER_MIN=30"]
+        );
+    }
+
+    #[test]
+    fn the_per_caller_cap_must_be_set_and_below_the_daemons() {
+        let mut config = passing();
+        config.limits.max_concurrent = 8;
+        for (per_key, passes) in [(0, false), (1, true), (7, true), (8, false)] {
+            config.limits.per_key_concurrent = per_key;
+            let found = violations(&config);
+            assert_eq!(found.is_empty(), passes, "{per_key}: {found:?}");
+            if !passes {
+                assert_eq!(found.len(), 1, "{found:?}");
+                assert!(
+                    found[0].starts_with("per-caller concurrency: SANDBOX_PER_KEY_CONCURRENT="),
+                    "{found:?}"
+                );
+            }
         }
     }
 

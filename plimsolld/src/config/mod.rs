@@ -130,6 +130,10 @@ pub struct Config {
     pub unknown_vars: Vec<String>,
 }
 
+/// The smallest CPU share a run may be given: docker's own floor (a `NanoCpus` below it is
+/// refused, and one that rounds to 0 means no limit at all).
+pub const MIN_CPUS: f64 = 0.01;
+
 // === Errors ===
 
 /// One bad variable, or one bad combination. Each message names the variable and what it
@@ -154,6 +158,12 @@ pub enum ConfigProblem {
     /// Not a finite non-negative number.
     #[error("{var}={value:?} must be a finite non-negative number (e.g. 0.5 or 2)")]
     NotNonNegativeNumber { var: &'static str, value: String },
+    /// A CPU share above 0 but too small to enforce.
+    #[error(
+        "{var}={value:?} is above 0 but below {MIN_CPUS} CPU, which no provider enforces (docker \
+         would run with no CPU limit at all); use 0 for the provider's default or at least {MIN_CPUS}"
+    )]
+    CpusTooSmall { var: &'static str, value: String },
     /// Not a strict boolean.
     #[error("{var}={value:?} must be one of 0, 1, false, or true")]
     NotBoolean { var: &'static str, value: String },
@@ -232,6 +242,7 @@ impl ConfigProblem {
             Self::NotInteger { var, .. }
             | Self::IntegerOutOfRange { var, .. }
             | Self::NotNonNegativeNumber { var, .. }
+            | Self::CpusTooSmall { var, .. }
             | Self::NotBoolean { var, .. }
             | Self::NotHostPort { var, .. }
             | Self::UnsupportedByProvider { var, .. }
@@ -597,6 +608,12 @@ impl<'a> Reader<'a> {
                 0.0
             })
         };
+        if cpus > 0.0 && cpus < MIN_CPUS {
+            self.problems.push(ConfigProblem::CpusTooSmall {
+                var: ENV_CPUS,
+                value: shown(&cpus_text),
+            });
+        }
         let pids = self.integer(ENV_PIDS, 0);
         let disk_mb = self.integer(ENV_DISK_MB, 0);
         if let Some(provider) = provider {

@@ -425,6 +425,18 @@ fn cpus_must_be_finite_and_non_negative() {
 }
 
 #[test]
+fn a_cpu_share_too_small_to_enforce_is_fatal_and_zero_is_the_default() {
+    for tiny in ["1e-10", "0.0000000001", "0.009"] {
+        let text = problem(&[("SANDBOX_CPUS", tiny)]);
+        assert!(text.contains("below 0.01 CPU"), "{tiny:?}: {text}");
+    }
+    for fine in ["0", "0.01", "0.5"] {
+        let env: HashMap<String, String> = [("SANDBOX_CPUS".to_owned(), fine.to_owned())].into();
+        assert!(Config::from_env(&env).is_ok(), "{fine:?}");
+    }
+}
+
+#[test]
 fn pids_and_disk_are_fatal_for_wasm() {
     let base = [("SANDBOX_PROVIDER", "wasm"), ("PLIMSOLL_INSECURE", "1")];
     let mut pairs = base.to_vec();

@@ -320,3 +320,29 @@ fn sigterm_right_after_the_listening_line_exits_0() {
         assert_eq!(status.code(), Some(0), "{status}\n{}", d.logs().join("\n"));
     }
 }
+
+/// Hardened mode judges the rate (rule 6) and the per-caller cap (rule 7) with the rest: an
+/// unlimited rate, a burst over the rate or a per-caller cap that is off or not below the
+/// daemon's is each named in the one refusal (config.md §10).
+#[test]
+fn hardened_mode_refuses_an_unlimited_rate_and_an_uncapped_caller() {
+    let out = refused_start(&[
+        ("PLIMSOLL_HARDENED", "1"),
+        ("SANDBOX_RATE_PER_MIN", "0"),
+        ("SANDBOX_PER_KEY_CONCURRENT", "0"),
+    ]);
+    assert_error_line(&out, "rate: SANDBOX_RATE_PER_MIN must be above 0");
+    assert_error_line(&out, "per-caller concurrency: SANDBOX_PER_KEY_CONCURRENT=0");
+    let out = refused_start(&[
+        ("PLIMSOLL_HARDENED", "1"),
+        ("SANDBOX_RATE_PER_MIN", "10"),
+        ("SANDBOX_RATE_BURST", "11"),
+        ("SANDBOX_MAX_CONCURRENT", "4"),
+        ("SANDBOX_PER_KEY_CONCURRENT", "4"),
+    ]);
+    assert_error_line(
+        &out,
+        "rate: SANDBOX_RATE_BURST=11 is above SANDBOX_RATE_PER_MIN=10",
+    );
+    assert_error_line(&out, "per-caller concurrency: SANDBOX_PER_KEY_CONCURRENT=4");
+}
