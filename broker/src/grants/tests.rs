@@ -99,6 +99,9 @@ fn unknown_fields_and_trailing_data_are_refused() {
     p["token"]["colour"] = json!(1);
     assert!(load_value(&json!({"profiles": {"p": p}}), Path::new(".")).is_err());
     assert!(load_value(&json!({"profiles": {}, "x": 1}), Path::new(".")).is_err());
+    // No profiles at all is a valid file (how every profile is taken away, docs/grants.md).
+    let none = load_value(&json!({"profiles": {}}), Path::new(".")).unwrap();
+    assert!(none.is_empty());
     let text = format!("{} {{}}", json!({"profiles": {}}));
     assert!(parse(text.as_bytes(), Path::new("g"), Path::new("."), &env()).is_err());
     let dup = r#"{"profiles": {"a": {}, "a": {}}}"#;
