@@ -58,6 +58,16 @@ pub enum ApiError {
 }
 
 impl ApiError {
+    /// Whether the request certainly never reached the service: its bearer could not be
+    /// had, or no connection was made.
+    pub fn never_sent(&self) -> bool {
+        match self {
+            ApiError::Exchange(_) => true,
+            ApiError::Http(h) => h.never_sent(),
+            _ => false,
+        }
+    }
+
     /// The Connect code, if the service answered one.
     pub fn code(&self) -> Option<&str> {
         match self {
@@ -367,6 +377,25 @@ pub async fn stream(
 #[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
+
+    /// Only a create that never left is spared the whole paid reservation.
+    #[test]
+    fn only_a_failed_exchange_or_connection_is_never_sent() {
+        let connect = HttpError::Connect {
+            origin: "https://x".into(),
+            detail: "refused".into(),
+        };
+        let timeout = HttpError::Timeout {
+            method: Method::POST,
+            origin: "https://x".into(),
+            path: "/v1/sandboxes".into(),
+            bound: Duration::from_secs(1),
+        };
+        assert!(ApiError::Http(connect).never_sent());
+        assert!(ApiError::Exchange("401".into()).never_sent());
+        assert!(!ApiError::Http(timeout).never_sent(), "it may have arrived");
+        assert!(!ApiError::Answer("?".into()).never_sent());
+    }
 
     #[test]
     fn a_bearer_lives_until_exp_minus_a_minute() {

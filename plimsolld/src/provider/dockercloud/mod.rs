@@ -215,7 +215,8 @@ impl DockerCloud {
         match self.fleet.lease(timeout + RUN_SLACK, hold, guard).await {
             Ok(sandbox) => Ok(sandbox),
             Err(e) => {
-                // A create whose fate is unknown may be billed whole.
+                // A create whose fate is unknown may be billed whole (one never sent is
+                // `Unsent`, and charged only the time held).
                 if let (SandboxError::Api(_), Some(paid)) = (&e, &paid) {
                     paid.forfeit();
                 }

@@ -80,6 +80,8 @@ impl Fleet {
             } },
         });
         let mut attempt = 0;
+        // Whether any attempt may have reached the service (then one may be billed).
+        let mut maybe_sent = false;
         let created = loop {
             attempt += 1;
             match self
@@ -94,6 +96,7 @@ impl Fleet {
                 Ok(created) => break created,
                 // The same key replays the same create: resending cannot make a second one.
                 Err(ApiError::Http(e)) if attempt < CREATE_ATTEMPTS => {
+                    maybe_sent |= !e.never_sent();
                     tracing::debug!(error = %e, "dockercloud REST create: resending under its key");
                     tokio::time::sleep(POLL).await;
                 }
@@ -103,6 +106,7 @@ impl Fleet {
                 Err(e @ ApiError::Rpc { .. }) => {
                     return Err(SandboxError::Refused(e.to_string()));
                 }
+                Err(e) if !maybe_sent && e.never_sent() => return Err(SandboxError::Unsent(e)),
                 Err(e) => return Err(e.into()),
             }
         };

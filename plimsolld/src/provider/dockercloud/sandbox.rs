@@ -47,6 +47,9 @@ pub enum SandboxError {
     /// A call failed; whatever the create made is deleted by name.
     #[error(transparent)]
     Api(#[from] ApiError),
+    /// The create never left (no bearer, no connection): nothing was made or billed.
+    #[error("the create was never sent: {0}")]
+    Unsent(ApiError),
 }
 
 /// What a sandbox boots.
@@ -235,6 +238,7 @@ impl Fleet {
                 return Err(SandboxError::Quota(e.to_string()));
             }
             Err(e @ ApiError::Rpc { .. }) => return Err(SandboxError::Refused(e.to_string())),
+            Err(e) if e.never_sent() => return Err(SandboxError::Unsent(e)),
             Err(e) => return Err(e.into()),
         };
         let deadline = tokio::time::Instant::now() + READY_BOUND;

@@ -40,6 +40,13 @@ pub enum ApiError {
     Answer(String),
 }
 
+impl ApiError {
+    /// Whether the request certainly never reached E2B (no connection was made).
+    pub fn never_sent(&self) -> bool {
+        matches!(self, ApiError::Http(h) if h.never_sent())
+    }
+}
+
 /// `network` in a create body and a read-back.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]

@@ -187,7 +187,7 @@ impl E2b {
 
     /// A VM for a run of `timeout`. Its paid seconds, reserved at admission, travel with
     /// the slot and are charged once the VM is killed; a lost create is charged its whole
-    /// reservation, as E2B may bill a VM nobody can name.
+    /// reservation, as E2B may bill a VM nobody can name (one that never left made none).
     async fn vm(
         &self,
         timeout: Duration,
@@ -203,7 +203,9 @@ impl E2b {
         {
             Ok(vm) => Ok(vm),
             Err(e) => {
-                if let (SandboxError::Lost(_), Some(paid)) = (&e, &paid) {
+                if let (SandboxError::Lost(lost), Some(paid)) = (&e, &paid)
+                    && !lost.never_sent()
+                {
                     paid.forfeit();
                 }
                 Err(ProviderError::from(E2bError::from(e)))
