@@ -273,7 +273,7 @@ impl Call {
         }
         let Turn { sandbox, slot, .. } = &mut *turn;
         let Some(sandbox) = sandbox.as_mut() else {
-            return Err(self.ended_refusal().into());
+            return Err(self.entry.ended_refusal().into());
         };
         // The grant is lent only now: the turn keeps one call's grant on the socket at a time.
         // What earlier calls left running (cell interpreters) is held stopped first, so only
@@ -395,19 +395,13 @@ impl Call {
             .await
     }
 
-    fn ended_refusal(&self) -> Refusal {
-        self.entry
-            .ended()
-            .map_or(Refusal::SessionNotFound, |e| e.refusal())
-    }
-
     /// A fault before the call ran: the session either goes on (a refusal) or ends here.
     fn refuse_before(&self, fault: SessionFault) -> Refusal {
         match fault {
             SessionFault::Refused(r) => r,
             SessionFault::Ended { reason, detail } => {
                 self.state.sessions.end(&self.entry, reason, &detail);
-                self.ended_refusal()
+                self.entry.ended_refusal()
             }
             SessionFault::Infrastructure(cause) => {
                 tracing::warn!(error = %cause, "session read-back failed");

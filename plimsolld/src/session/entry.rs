@@ -281,6 +281,12 @@ impl Entry {
         Arc::clone(&self.turn).lock_owned().await
     }
 
+    /// The refusal a call gets once the sandbox is gone: the session's end, or not found.
+    pub fn ended_refusal(&self) -> Refusal {
+        self.ended()
+            .map_or(Refusal::SessionNotFound, |e| e.refusal())
+    }
+
     /// Records a suspend (or a resume).
     pub fn set_suspended(&self, suspended: bool) {
         self.life().suspended = suspended;
@@ -298,10 +304,7 @@ impl Entry {
         admission: &Arc<Admission>,
     ) -> Result<(), SessionFault> {
         let Some(sandbox) = turn.sandbox.as_mut() else {
-            let ended = self
-                .ended()
-                .map_or(Refusal::SessionNotFound, |e| e.refusal());
-            return Err(SessionFault::Refused(ended));
+            return Err(SessionFault::Refused(self.ended_refusal()));
         };
         if !turn.hold.is_held() {
             turn.hold = Hold::new(admission.admit(&self.stated.caller)?);
