@@ -3,6 +3,7 @@
 //! chain and the ends, and the call itself runs in its own task, so a caller that hangs up
 //! never leaves a call half-recorded.
 
+use std::convert::Infallible;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -25,6 +26,7 @@ use crate::provider::{CellCall, Hold, ProjectPlan, SessionFault, SessionSandbox}
 use crate::record::Arrival;
 use crate::session::{Entry, OpenTerms, Sessions, Stated, Turn, TurnGuard, terms};
 use broker::control::protocol::RunSummary;
+use tokio::sync::oneshot;
 
 // === OpenSession ===
 
@@ -175,7 +177,11 @@ pub(super) async fn run(
         principal: principal.clone(),
         profile,
     };
-    tokio::spawn(call.run(job))
+    // The call runs in its own task, so a caller going away cannot cut a started call (and
+    // its record) in half. Until it has the turn nothing has run: a caller gone by then
+    // withdraws it (`caller` is dropped with this handler's future).
+    let (_caller, gone) = oneshot::channel::<Infallible>();
+    tokio::spawn(call.run(job, gone))
         .await
         .map_err(|e| internal(&format!("session call task failed: {e}")))?
 }
@@ -265,8 +271,28 @@ struct Call {
 impl Call {
     /// Takes the turn, proves the sandbox, runs the job, chains the record, answers, and
     /// leaves the sweep to run after the answer (its verdict reaches the next call).
-    async fn run(self, job: Job) -> Result<SessionRunResponse, ConnectError> {
-        let mut turn = self.entry.take_turn().await?;
+    async fn run(
+        self,
+        job: Job,
+        mut gone: oneshot::Receiver<Infallible>,
+    ) -> Result<SessionRunResponse, ConnectError> {
+        let withdrawn = || {
+            tracing::debug!("a session call's caller went away before its turn; nothing ran");
+            Refusal::AtCapacity(
+                "the caller went away while the call waited for the session's turn; nothing ran"
+                    .to_owned(),
+            )
+        };
+        let mut turn = tokio::select! {
+            biased;
+            turn = self.entry.take_turn() => turn?,
+            _ = &mut gone => return Err(withdrawn().into()),
+        };
+        // Gone at the same instant: the turn is handed on untouched.
+        if !matches!(gone.try_recv(), Err(oneshot::error::TryRecvError::Empty)) {
+            drop(turn);
+            return Err(withdrawn().into());
+        }
         if let Err(fault) = self.entry.prepare(&mut turn, &self.state.admission).await {
             drop(turn);
             return Err(self.refuse_before(fault).into());

@@ -579,6 +579,55 @@ fn a_third_concurrent_call_is_refused_as_capacity() {
     assert_eq!(close_as(&d, None, &id).status, 200);
 }
 
+/// A call whose caller went away while it waited for the turn never runs (providers.md
+/// §9.2): it leaves no record and no place in the queue. Before the fix it ran after the
+/// call ahead of it, and its record took a place in the chain nobody would see.
+#[test]
+fn a_call_whose_caller_left_while_it_waited_never_runs() {
+    require_docker!();
+    let d = sessions();
+    let (id, _) = open(&d, json!({}));
+    let addr = d.addr;
+    let ahead = {
+        let id = id.clone();
+        std::thread::spawn(move || {
+            let body = json!({
+                "protocol": connect::PROTOCOL,
+                "sessionId": id,
+                "timeoutMs": 10000,
+                "javascript": { "code": "const t = Date.now(); while (Date.now() - t < 3000) {}" },
+            });
+            send(addr, &connect::call("SessionRun", &body)).status
+        })
+    };
+    std::thread::sleep(Duration::from_millis(500));
+    {
+        use std::io::Write as _;
+        let body = json!({
+            "protocol": connect::PROTOCOL,
+            "sessionId": id,
+            "javascript": { "code": "require('fs').writeFileSync('left.txt', 'ran')" },
+        });
+        let mut left = std::net::TcpStream::connect(addr).expect("connect");
+        left.write_all(&connect::call("SessionRun", &body).to_bytes(addr))
+            .expect("send");
+        std::thread::sleep(Duration::from_millis(500));
+        // Dropped here: the caller is gone while the call waits behind the first.
+    }
+    assert_eq!(ahead.join().expect("the call ahead"), 200);
+    let after = js(
+        &d,
+        &id,
+        "console.log(require('fs').existsSync('left.txt') ? 'ran' : 'never ran')",
+    );
+    assert_eq!(stdout(&after), "never ran\n", "{after}");
+    let summary = close_as(&d, None, &id).json();
+    assert_eq!(
+        summary["calls"], "2",
+        "no record for the withdrawn call: {summary}"
+    );
+}
+
 #[test]
 fn a_call_cut_short_by_the_lifetime_is_unanswered_and_still_chained() {
     require_docker!();
