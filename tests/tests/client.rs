@@ -2,9 +2,9 @@
 //!
 //! Happy paths under the `disabled` and `wasm` providers, over HTTP/1.1, h2c and TLS with a
 //! custom CA; a tampering proxy (one byte of stdout, the request-id echo, the tier) caught
-//! with the documented error kind; a session's chain and signed bundle refusing a dropped,
-//! reordered or changed call; the golden vectors through the client's check path; and the
-//! command line's exit codes.
+//! with the documented error kind; the golden vectors through the client's check path; and
+//! the command line's exit codes. A session's saved chain and its signed bundle:
+//! `client_chain.rs`.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::convert::Infallible;
@@ -19,15 +19,10 @@ use base64::Engine as _;
 use base64::engine::general_purpose::STANDARD;
 use bytes::Bytes;
 use http_body_util::{BodyExt as _, Full};
-use plimsoll::client::{
-    Client, ClientError, Mark, RunAnswer, RunOptions, SessionAnswer, SessionState, verify_chain,
-};
+use plimsoll::client::{Client, ClientError, Mark, RunAnswer, RunOptions, SessionState};
 use plimsoll::record::{self, Stamp};
 use plimsoll::refusal::Reason;
-use plimsoll::wire::{
-    JavaScriptResult, JavaScriptRun, RunRequest, RunResponse, SessionRunRequest,
-    SessionRunResponse, session_run_request,
-};
+use plimsoll::wire::{RunRequest, RunResponse};
 use plimsoll_tests::{Daemon, binary};
 use serde_json::Value;
 use tokio::net::TcpListener;
@@ -410,151 +405,6 @@ async fn refusal_without_the_echo_loses_its_mark() {
         "an unbound answer proves nothing: {e:?}"
     );
     assert!(e.failure().answer_not_bound);
-}
-
-// === sessions: the chain, offline and signed ===
-
-/// A chain of `n` session answers under `session_id`, sealed as the daemon seals them.
-fn chain(session_id: &str, n: u64) -> (String, Vec<SessionAnswer>) {
-    let fingerprint = record::session_fingerprint(session_id);
-    let mut last = String::new();
-    let mut out = Vec::new();
-    for seq in 1..=n {
-        let request = SessionRunRequest {
-            protocol: plimsoll::refusal::PROTOCOL,
-            session_id: session_id.to_owned(),
-            payload: Some(session_run_request::Payload::Javascript(Box::new(
-                JavaScriptRun {
-                    code: format!("console.log({seq})"),
-                    ..Default::default()
-                },
-            ))),
-            ..Default::default()
-        };
-        let mut run = RunResponse {
-            sandbox: "docker".into(),
-            isolation: "container".into(),
-            result: Some(
-                JavaScriptResult {
-                    stdout: format!("{seq}\n").into_bytes(),
-                    ..Default::default()
-                }
-                .into(),
-            ),
-            ..Default::default()
-        };
-        let stamp = Stamp {
-            provider: run.sandbox.clone(),
-            isolation: run.isolation.clone(),
-            started_unix_ms: 1_790_000_000_000 + seq as i64,
-            session: fingerprint.clone(),
-            sequence: seq,
-            previous_sha256: last.clone(),
-            ..Default::default()
-        };
-        let rec = record::seal(
-            record::session_request_digest(&request),
-            record::result_digest(&run),
-            stamp,
-        );
-        last = rec.record_sha256.clone();
-        run.record = rec.into();
-        out.push(SessionAnswer {
-            request,
-            response: SessionRunResponse {
-                run: run.into(),
-                ..Default::default()
-            },
-        });
-    }
-    (fingerprint, out)
-}
-
-#[test]
-fn session_chain_refuses_dropped_reordered_and_changed_calls() {
-    let (fp, answers) = chain("00112233445566778899aabbccddeeff", 3);
-    let (calls, _) = verify_chain(&fp, &answers).expect("whole chain");
-    assert_eq!(calls, 3);
-
-    let mut reordered = answers.clone();
-    reordered.swap(0, 1);
-    assert!(matches!(
-        verify_chain(&fp, &reordered),
-        Err(ClientError::Chain(_))
-    ));
-
-    let dropped: Vec<_> = answers.iter().skip(1).cloned().collect();
-    assert!(matches!(
-        verify_chain(&fp, &dropped),
-        Err(ClientError::Chain(_))
-    ));
-
-    let mut changed = answers.clone();
-    if let Some(run) = changed[1].response.run.as_option_mut()
-        && let Some(plimsoll::wire::run_response::Result::Javascript(j)) = &mut run.result
-    {
-        j.stdout[0] ^= 1;
-    }
-    assert!(matches!(
-        verify_chain(&fp, &changed),
-        Err(ClientError::RecordMismatch(_))
-    ));
-}
-
-#[test]
-fn signed_bundle_refuses_dropped_reordered_and_changed_lines() {
-    use plimsoll::attest;
-    let (fp, answers) = chain("ffeeddccbbaa99887766554433221100", 3);
-    let (sk, pk) = attest::keygen().expect("keygen");
-    let (sk, pk) = (
-        attest::signing_key(&sk).unwrap(),
-        attest::verifying_key(&pk).unwrap(),
-    );
-    let bundle = attest::sign_session(&sk, &fp, &answers).expect("sign");
-    assert_eq!(
-        attest::verify_bundle(&pk, &bundle)
-            .expect("verifies whole")
-            .0,
-        3
-    );
-
-    let lines: Vec<&str> = bundle.lines().collect();
-    let join = |ls: Vec<&str>| ls.join("\n");
-    let dropped = join(vec![lines[0], lines[2], lines[3]]);
-    assert!(
-        attest::verify_bundle(&pk, &dropped).is_err(),
-        "dropped call"
-    );
-    let reordered = join(vec![lines[1], lines[0], lines[2], lines[3]]);
-    assert!(
-        attest::verify_bundle(&pk, &reordered).is_err(),
-        "reordered calls"
-    );
-    let last_dropped = join(vec![lines[0], lines[1], lines[3]]);
-    assert!(
-        attest::verify_bundle(&pk, &last_dropped).is_err(),
-        "last call dropped"
-    );
-
-    // One changed byte anywhere in a line's evidence.
-    let mut line: Value = serde_json::from_str(lines[1]).unwrap();
-    let mut resp = STANDARD.decode(line["response"].as_str().unwrap()).unwrap();
-    let at = resp.len() / 2;
-    resp[at] ^= 1;
-    line["response"] = Value::from(STANDARD.encode(resp));
-    let changed_line = serde_json::to_string(&line).unwrap();
-    let changed = join(vec![lines[0], &changed_line, lines[2], lines[3]]);
-    assert!(
-        attest::verify_bundle(&pk, &changed).is_err(),
-        "changed byte"
-    );
-
-    let (_, other) = attest::keygen().unwrap();
-    let other = attest::verifying_key(&other).unwrap();
-    assert!(
-        attest::verify_bundle(&other, &bundle).is_err(),
-        "another key"
-    );
 }
 
 // === the golden vectors through the client's check path ===

@@ -11,7 +11,7 @@ use std::path::Path;
 use std::process::Command;
 use std::time::Duration;
 
-use plimsoll::client::{Client, ClientError, RunOptions, SessionOptions, verify_chain};
+use plimsoll::client::{Client, ClientError, RunOptions, SessionOptions, verify_session};
 use plimsoll::refusal::Reason;
 use plimsoll::wire::{ProjectOutcome, SessionEnd, run_response};
 use plimsoll_tests::docker::{docker_ready, runsc, tier};
@@ -147,7 +147,7 @@ async fn the_rust_client_chains_a_docker_session_and_its_close_matches() {
     let state = s.state().await;
     assert_eq!(state.calls, 8);
     let answers = [first, project, third, js1, js2, py1, py2, raised];
-    let (calls, last) = verify_chain(&state.fingerprint, &answers).expect("chain");
+    let (calls, last) = verify_session(&state, &answers).expect("chain");
     assert_eq!(
         (calls, last.as_str()),
         (8, state.last_record_sha256.as_str())
@@ -357,6 +357,14 @@ async fn a_call_the_lifetime_cut_short_is_checked_as_unanswered_and_the_close_st
         "the client checked the unanswered call's record: {err:?}"
     );
     assert_eq!(s.state().await.calls, 1);
+    // The checked call can be kept and checked again offline, request and record.
+    let saved = err.unanswered_call().expect("the call to keep").clone();
+    assert_eq!(
+        verify_session(&s.state().await, &[saved])
+            .expect("checks offline")
+            .0,
+        1
+    );
     let summary = s
         .close()
         .await
@@ -366,5 +374,99 @@ async fn a_call_the_lifetime_cut_short_is_checked_as_unanswered_and_the_close_st
         summary.ended.as_known(),
         Some(SessionEnd::SESSION_END_EXPIRED)
     );
+    assert!(d.sigterm().success());
+}
+
+/// A state file keeps an unanswered call beside the answered ones, so `plimsoll verify` and
+/// `plimsoll attest` check the whole chain (before, the file kept only answered calls while
+/// the state counted both, and every later check of the file failed).
+#[test]
+fn the_cli_keeps_an_unanswered_call_and_its_state_file_still_verifies() {
+    if !docker_ready() {
+        return;
+    }
+    let token = fresh_token();
+    let mut env = vec![
+        ("SANDBOX_PROVIDER", "docker"),
+        ("PLIMSOLL_TOKEN", token.as_str()),
+        ("PLIMSOLL_METRICS_ADDR", "off"),
+        ("SANDBOX_RATE_PER_MIN", "0"),
+        ("SANDBOX_MAX_SESSIONS", "2"),
+        ("SANDBOX_SESSION_LIFETIME", "6s"),
+    ];
+    if runsc() {
+        env.push(("SANDBOX_DOCKER_RUNTIME", "runsc"));
+    }
+    let mut d = Daemon::start(&env);
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = |name: &str| dir.path().join(name).to_str().expect("utf-8").to_owned();
+    let state = path("s.json");
+    let run = |args: &[&str], code: i32| {
+        let (got, out) = cli(&d, &token, args);
+        assert_eq!(got, code, "{args:?}: {out}");
+        out
+    };
+    run(&["session", "open", "--state", &state], 0);
+    // A printed answer never shows the session id (the file keeps it, for the daemon).
+    let shown = run(
+        &[
+            "--json",
+            "session",
+            "run",
+            "--state",
+            &state,
+            "-e",
+            "console.log(1)",
+        ],
+        0,
+    );
+    let saved: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&state).expect("state")).expect("json");
+    let id = saved["state"]["session_id"].as_str().expect("the id");
+    assert!(
+        shown.contains("\"record\"") && !shown.contains(id),
+        "{shown}"
+    );
+    // The lifetime ends the session under this call: unanswered, may have run (exit 4).
+    let cut = run(
+        &[
+            "session",
+            "run",
+            "--state",
+            &state,
+            "--timeout",
+            "25000",
+            "-e",
+            "for (;;) {}",
+        ],
+        4,
+    );
+    assert!(cut.contains("may have run"), "{cut}");
+    let verified = run(&["verify", &state], 0);
+    assert!(verified.contains("session of 2 calls"), "{verified}");
+    run(
+        &[
+            "attest",
+            "keygen",
+            "--private",
+            &path("k"),
+            "--public",
+            &path("k.pub"),
+        ],
+        0,
+    );
+    let bundle = run(&["attest", "sign", "--key", &path("k"), &state], 0);
+    std::fs::write(path("bundle"), bundle).expect("bundle");
+    let checked = run(
+        &[
+            "attest",
+            "verify",
+            "--public",
+            &path("k.pub"),
+            &path("bundle"),
+        ],
+        0,
+    );
+    assert!(checked.contains("bundle of 2 calls"), "{checked}");
     assert!(d.sigterm().success());
 }

@@ -11,22 +11,25 @@
 //!   `application/vnd.in-toto+json`) over an in-toto Statement v1 whose subject is the
 //!   record's digest and whose predicate is the record ([`record_predicate`]).
 //! - [`sign_session`] / [`verify_bundle`]: a session's calls as JSON Lines — per call the
-//!   binary request and response (base64), the envelope and a link to the previous line —
-//!   then a signed checkpoint of the session's close totals. Verification re-checks every
-//!   record against its request and response, the chain from call 1, every signature, every
-//!   link and the checkpoint, so a dropped or reordered call, or one changed byte, fails.
+//!   binary request (without the session id) and response, or an unanswered call's record
+//!   (base64), the envelope and a link to the previous line — then a signed checkpoint of the
+//!   session's close totals and what it stated at open. Verification re-checks every record
+//!   against its request and response, the chain from call 1, every signature, every link
+//!   and the checkpoint, so a dropped or reordered call, or one changed byte, fails.
 
 use base64::Engine as _;
 use base64::engine::general_purpose::STANDARD;
 use buffa::Message as _;
 use ed25519_dalek::pkcs8::spki::der::pem::LineEnding;
 use ed25519_dalek::pkcs8::{DecodePrivateKey, DecodePublicKey, EncodePrivateKey, EncodePublicKey};
-use ed25519_dalek::{Signature, Signer as _, SigningKey, Verifier as _, VerifyingKey};
+use ed25519_dalek::{Signature, Signer as _, Verifier as _};
+/// The key types [`signing_key`] and [`verifying_key`] read.
+pub use ed25519_dalek::{SigningKey, VerifyingKey};
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 use sha2::{Digest as _, Sha256};
 
-use crate::client::{RunAnswer, SessionAnswer, verify_chain};
+use crate::client::{Opened, RunAnswer, SessionAnswer, SessionState, verify_chain, verify_session};
 use crate::wire::{RunRecord, SessionRunRequest, SessionRunResponse};
 
 /// The DSSE payload type of every envelope.
@@ -252,9 +255,13 @@ pub fn verify_answer(
 #[derive(Serialize, Deserialize)]
 struct CallLine {
     request: String,
+    /// Empty for an unanswered call.
     response: String,
     envelope: Envelope,
     link: Link,
+    /// An unanswered call's record, binary protobuf in base64 (absent on answered calls).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    unanswered: String,
 }
 
 #[derive(Serialize, Deserialize)]
@@ -269,6 +276,20 @@ struct Checkpoint {
     calls: u64,
     last_record_sha256: String,
     previous_line_sha256: String,
+    /// What the session stated at open, against which unanswered calls' records are
+    /// checked (they have no answer of their own).
+    #[serde(flatten)]
+    opened: OpenedEvidence,
+}
+
+#[derive(Serialize, Deserialize, PartialEq, Default)]
+struct OpenedEvidence {
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    provider: String,
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    isolation: String,
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    software_identity: String,
 }
 
 #[derive(Serialize, Deserialize)]
@@ -277,29 +298,39 @@ struct CheckpointLine {
     envelope: Envelope,
 }
 
-/// Signs a session's checked answers into a JSON Lines bundle. The answers are re-checked
-/// first (chain from call 1 under `fingerprint`); unchecked evidence is never signed.
+/// Signs a saved session's calls into a JSON Lines bundle. The session is re-checked
+/// first, whole ([`verify_session`]: the chain from call 1, and the state's own totals);
+/// unchecked evidence is never signed. An unanswered call is signed by its record.
 pub fn sign_session(
     key: &SigningKey,
-    fingerprint: &str,
+    state: &SessionState,
     answers: &[SessionAnswer],
 ) -> Result<String, AttestError> {
     let (calls, last) =
-        verify_chain(fingerprint, answers).map_err(|e| AttestError::Evidence(e.to_string()))?;
+        verify_session(state, answers).map_err(|e| AttestError::Evidence(e.to_string()))?;
     let mut out = String::new();
     let mut previous = String::new();
     for (n, a) in answers.iter().enumerate() {
         let record = a
             .record()
             .ok_or_else(|| AttestError::Evidence("a call without a record".to_owned()))?;
+        let (response, unanswered) = match &a.unanswered {
+            Some(rec) => (String::new(), STANDARD.encode(rec.encode_to_vec())),
+            None => (STANDARD.encode(a.response.encode_to_vec()), String::new()),
+        };
+        // A bundle is evidence handed to others: the session id, a capability, is left out
+        // (the request's digest never covers it, records.md §4.2).
+        let mut request = a.request.clone();
+        request.session_id.clear();
         let line = CallLine {
-            request: STANDARD.encode(a.request.encode_to_vec()),
-            response: STANDARD.encode(a.response.encode_to_vec()),
+            request: STANDARD.encode(request.encode_to_vec()),
+            response,
             envelope: sign_record(key, record)?,
             link: Link {
                 sequence: n as u64 + 1,
                 previous_line_sha256: previous.clone(),
             },
+            unanswered,
         };
         let text =
             serde_json::to_string(&line).map_err(|e| AttestError::Malformed(e.to_string()))?;
@@ -308,14 +339,24 @@ pub fn sign_session(
         out.push('\n');
     }
     let checkpoint = Checkpoint {
-        session: fingerprint.to_owned(),
+        session: state.fingerprint.clone(),
         calls,
         last_record_sha256: last,
         previous_line_sha256: previous,
+        opened: OpenedEvidence {
+            provider: state.provider.clone(),
+            isolation: state.isolation.clone(),
+            software_identity: state.software_identity.clone(),
+        },
     };
     let predicate =
         serde_json::to_value(&checkpoint).map_err(|e| AttestError::Malformed(e.to_string()))?;
-    let st = statement("session", fingerprint, SESSION_CLOSE_PREDICATE, predicate);
+    let st = statement(
+        "session",
+        &state.fingerprint,
+        SESSION_CLOSE_PREDICATE,
+        predicate,
+    );
     let line = CheckpointLine {
         envelope: sign_statement(key, &st)?,
         checkpoint,
@@ -326,8 +367,9 @@ pub fn sign_session(
 }
 
 /// Verifies a session bundle whole: every line's signature and statement, every record
-/// against its request and response, the chain from call 1, the links, and the signed
-/// checkpoint at the end. Returns the number of calls and the last record digest.
+/// against its request and response (an unanswered call's against its request and what the
+/// session stated at open), the chain from call 1, the links, and the signed checkpoint at
+/// the end. Returns the number of calls and the last record digest.
 pub fn verify_bundle(key: &VerifyingKey, text: &str) -> Result<(u64, String), AttestError> {
     let lines: Vec<&str> = text.lines().filter(|l| !l.trim().is_empty()).collect();
     let Some((last_line, call_lines)) = lines.split_last() else {
@@ -345,8 +387,24 @@ pub fn verify_bundle(key: &VerifyingKey, text: &str) -> Result<(u64, String), At
             )));
         }
         let request = decode::<SessionRunRequest>(&line.request, n)?;
-        let response = decode::<SessionRunResponse>(&line.response, n)?;
-        let answer = SessionAnswer { request, response };
+        let answer = if line.unanswered.is_empty() {
+            SessionAnswer {
+                request,
+                response: decode::<SessionRunResponse>(&line.response, n)?,
+                unanswered: None,
+            }
+        } else if line.response.is_empty() {
+            SessionAnswer {
+                request,
+                response: SessionRunResponse::default(),
+                unanswered: Some(decode::<RunRecord>(&line.unanswered, n)?),
+            }
+        } else {
+            return Err(AttestError::Malformed(format!(
+                "line {}: both an answer and an unanswered record",
+                n + 1
+            )));
+        };
         let record = answer
             .record()
             .ok_or_else(|| AttestError::Evidence(format!("line {}: no record", n + 1)))?;
@@ -365,15 +423,19 @@ pub fn verify_bundle(key: &VerifyingKey, text: &str) -> Result<(u64, String), At
             "the signed checkpoint is not the one in the bundle".to_owned(),
         ));
     }
-    let (calls, last) = verify_chain(&end.checkpoint.session, &answers)
-        .map_err(|e| AttestError::Evidence(e.to_string()))?;
-    if end.checkpoint.previous_line_sha256 != previous
-        || end.checkpoint.calls != calls
-        || end.checkpoint.last_record_sha256 != last
-    {
+    let cp = &end.checkpoint;
+    let opened = Opened {
+        fingerprint: &cp.session,
+        provider: &cp.opened.provider,
+        isolation: &cp.opened.isolation,
+        software_identity: &cp.opened.software_identity,
+    };
+    let (calls, last) =
+        verify_chain(opened, &answers).map_err(|e| AttestError::Evidence(e.to_string()))?;
+    if cp.previous_line_sha256 != previous || cp.calls != calls || cp.last_record_sha256 != last {
         return Err(AttestError::Evidence(format!(
             "the checkpoint states {} calls ending {:?}, the bundle holds {calls} ending {last:?}",
-            end.checkpoint.calls, end.checkpoint.last_record_sha256
+            cp.calls, cp.last_record_sha256
         )));
     }
     Ok((calls, last))

@@ -11,7 +11,7 @@ use clap::{Args, Parser, Subcommand};
 use plimsoll::attest;
 use plimsoll::client::{
     Client, ClientError, RunAnswer, RunOptions, SessionAnswer, SessionOptions, SessionState,
-    verify_chain,
+    verify_session,
 };
 use plimsoll::wire::{DescribeResponse, RunResponse, run_response};
 use serde::{Deserialize, Serialize};
@@ -331,21 +331,35 @@ fn write(path: &Path, data: &[u8]) -> Result<(), Failed> {
 }
 
 /// Writes a file only its owner may read (a session state file holds the session id, which
-/// names the session to the daemon; a private key is a secret), tightening an existing one.
+/// names the session to the daemon; a private key is a secret). The bytes go to a new file
+/// beside it, reach the disk, then replace it whole: an interrupted or failed write leaves
+/// the old file as it was, and a symbolic link at `path` is replaced, never followed.
 fn write_private(path: &Path, data: &[u8]) -> Result<(), Failed> {
     use std::io::Write;
-    use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+    use std::os::unix::fs::OpenOptionsExt;
     let failed = |e: std::io::Error| usage(format!("{}: {e}", path.display()));
-    let mut file = std::fs::OpenOptions::new()
-        .write(true)
-        .create(true)
-        .truncate(true)
-        .mode(0o600)
-        .open(path)
-        .map_err(failed)?;
-    file.set_permissions(std::fs::Permissions::from_mode(0o600))
-        .map_err(failed)?;
-    file.write_all(data).map_err(failed)
+    let name = path
+        .file_name()
+        .ok_or_else(|| usage(format!("{}: not a file name", path.display())))?;
+    let mut temp_name = std::ffi::OsString::from(".");
+    temp_name.push(name);
+    temp_name.push(format!(".{}.tmp", std::process::id()));
+    let temp = path.with_file_name(temp_name);
+    let written = (|| {
+        let mut file = std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .custom_flags(libc::O_NOFOLLOW)
+            .open(&temp)?;
+        file.write_all(data)?;
+        file.sync_all()?;
+        std::fs::rename(&temp, path)
+    })();
+    if written.is_err() {
+        let _ = std::fs::remove_file(&temp);
+    }
+    written.map_err(failed)
 }
 
 fn source(file: Option<&Path>, code: Option<&str>) -> Result<String, Failed> {
@@ -501,14 +515,8 @@ fn verify(file: &Path, json: bool) -> Result<u8, Failed> {
     };
     let (what, digest) = if value.get("state").is_some() {
         let sf: SessionFile = serde_json::from_value(value).map_err(|e| usage(e.to_string()))?;
-        let (calls, last) = verify_chain(&sf.state.fingerprint, &sf.answers)
-            .map_err(|e| not_verified(e.to_string()))?;
-        if calls != sf.state.calls || last != sf.state.last_record_sha256 {
-            return Err(not_verified(format!(
-                "the state counts {} calls ending {:?}, the answers {calls} ending {last:?}",
-                sf.state.calls, sf.state.last_record_sha256
-            )));
-        }
+        let (calls, last) =
+            verify_session(&sf.state, &sf.answers).map_err(|e| not_verified(e.to_string()))?;
         (format!("session of {calls} calls"), last)
     } else {
         let answer: RunAnswer = serde_json::from_value(value).map_err(|e| usage(e.to_string()))?;
@@ -526,8 +534,39 @@ fn verify(file: &Path, json: bool) -> Result<u8, Failed> {
     Ok(EXIT_OK)
 }
 
-fn load_session(path: &Path) -> Result<SessionFile, Failed> {
-    serde_json::from_str(&read_text(path)?).map_err(|e| usage(format!("{}: {e}", path.display())))
+/// A session state file, locked for this command: a second command on the same file waits
+/// until this one has saved, so neither saves over the other's call.
+struct Locked {
+    _lock: std::fs::File,
+    file: SessionFile,
+}
+
+fn load_session(path: &Path) -> Result<Locked, Failed> {
+    use std::io::Read;
+    use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
+    let failed = |e: std::io::Error| usage(format!("{}: {e}", path.display()));
+    // The file is replaced whole on every save: a lock taken on a file since replaced is
+    // on a stale copy, so take it again on the new one.
+    for _ in 0..100 {
+        let mut f = std::fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_NOFOLLOW)
+            .open(path)
+            .map_err(failed)?;
+        f.lock().map_err(failed)?;
+        let (held, now) = (f.metadata().map_err(failed)?, path.symlink_metadata());
+        if now.is_ok_and(|now| (now.dev(), now.ino()) == (held.dev(), held.ino())) {
+            let mut text = String::new();
+            f.read_to_string(&mut text).map_err(failed)?;
+            let file = serde_json::from_str(&text)
+                .map_err(|e| usage(format!("{}: {e}", path.display())))?;
+            return Ok(Locked { _lock: f, file });
+        }
+    }
+    Err(usage(format!(
+        "{}: replaced again and again while waiting for its lock",
+        path.display()
+    )))
 }
 
 fn save_session(path: &Path, sf: &SessionFile) -> Result<(), Failed> {
@@ -582,7 +621,8 @@ async fn session(cli: &Cli, cmd: &SessionCommand) -> Result<u8, Failed> {
             ..
         } => {
             let src = source(file.as_deref(), code.as_deref())?;
-            let mut sf = load_session(state)?;
+            let mut locked = load_session(state)?;
+            let sf = &mut locked.file;
             let s = c.resume_session(sf.state.clone());
             let result = match cmd {
                 SessionCommand::Cell { language, .. } => {
@@ -591,19 +631,24 @@ async fn session(cli: &Cli, cmd: &SessionCommand) -> Result<u8, Failed> {
                 _ => s.run_javascript(&src, &options(run)).await,
             };
             sf.state = s.state().await;
-            if let Ok(a) = &result {
-                sf.answers.push(a.clone());
+            // Both count in the chain: the file keeps every call the state counts.
+            match &result {
+                Ok(a) => sf.answers.push(a.clone()),
+                Err(e) => sf.answers.extend(e.unanswered_call().cloned()),
             }
-            save_session(state, &sf)?;
-            let answer = result?;
+            save_session(state, sf)?;
+            let mut answer = result?;
+            // Printed answers go to terminals and job logs: never the session id.
+            answer.request.session_id.clear();
             print_answer(answer.run(), cli.json, &answer)
         }
         SessionCommand::Close { state } => {
-            let mut sf = load_session(state)?;
+            let mut locked = load_session(state)?;
+            let sf = &mut locked.file;
             let s = c.resume_session(sf.state.clone());
             let result = s.close().await;
             sf.state = s.state().await;
-            save_session(state, &sf)?;
+            save_session(state, sf)?;
             let summary = result?;
             if cli.json {
                 println!("{}", to_json(&summary)?);
@@ -636,7 +681,7 @@ fn attest_command(cmd: &AttestCommand) -> Result<u8, Failed> {
                     serde_json::from_value(value).map_err(|e| usage(e.to_string()))?;
                 print!(
                     "{}",
-                    attest::sign_session(&key, &sf.state.fingerprint, &sf.answers).map_err(bad)?
+                    attest::sign_session(&key, &sf.state, &sf.answers).map_err(bad)?
                 );
             } else {
                 let answer: RunAnswer =

@@ -8,6 +8,7 @@
 
 use std::fmt;
 
+use super::SessionAnswer;
 use crate::refusal::Reason;
 use crate::wire::{CloseSessionResponse, DescribeResponse, RunRecord, RunResponse, SessionEnd};
 
@@ -70,6 +71,9 @@ pub struct Failure {
     pub unanswered: Option<Box<RunRecord>>,
     /// Whether [`Failure::unanswered`] was checked and counted in the session's chain.
     pub unanswered_checked: bool,
+    /// That checked unanswered call as a saved call: its request as sent and its record
+    /// (the request carries the session id; [`SessionAnswer`]'s `Debug` leaves it out).
+    pub unanswered_call: Option<Box<SessionAnswer>>,
     /// For `SessionEnded`: why the session ended and the daemon's detail.
     pub session_end: Option<(SessionEnd, String)>,
     /// For a data-loss error on a run: the response as it was received, so the caller can
@@ -265,6 +269,17 @@ impl ClientError {
         let f = self.failure();
         if f.unanswered_checked {
             f.unanswered.as_deref()
+        } else {
+            None
+        }
+    }
+
+    /// A checked unanswered session call as a saved call: its request and its record, the
+    /// way [`verify_chain`](super::verify_chain) checks it again.
+    pub fn unanswered_call(&self) -> Option<&SessionAnswer> {
+        let f = self.failure();
+        if f.unanswered_checked {
+            f.unanswered_call.as_deref()
         } else {
             None
         }

@@ -68,7 +68,7 @@ use std::time::Duration;
 pub use answer::RunAnswer;
 pub use error::{ClientError, Failure, Mark};
 pub use options::{RunOptions, SessionOptions, owner_digest};
-pub use session::{Session, SessionAnswer, SessionState, verify_chain};
+pub use session::{Opened, Session, SessionAnswer, SessionState, verify_chain, verify_session};
 pub use transport::{MAX_RESPONSE_BYTES, NOT_DISPATCHED_HEADER, REQUEST_ID_HEADER};
 
 use answer::check_run;

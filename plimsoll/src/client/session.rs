@@ -73,13 +73,20 @@ impl std::fmt::Debug for SessionState {
     }
 }
 
-/// A session call's request as sent and its answer as received, after every check passed.
+/// A session call's request as sent and its answer as received, after every check passed;
+/// or, for a call that ended without an answer (`UnansweredCall`), the request and the
+/// record the daemon chained for it, checked ([`ClientError::unanswered_call`]). The chain
+/// counts both, so a saved session keeps both, in order.
 #[derive(Clone, Serialize, Deserialize)]
 pub struct SessionAnswer {
     /// The request exactly as sent.
     pub request: SessionRunRequest,
-    /// The answer as received.
+    /// The answer as received; empty for an unanswered call.
+    #[serde(default)]
     pub response: SessionRunResponse,
+    /// An unanswered call's record (there is no answer to carry it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub unanswered: Option<RunRecord>,
 }
 
 // By hand: the request carries the session id, which is never printed.
@@ -87,12 +94,14 @@ impl std::fmt::Debug for SessionAnswer {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("SessionAnswer")
             .field("response", &self.response)
+            .field("unanswered", &self.unanswered)
             .finish_non_exhaustive()
     }
 }
 
 impl SessionAnswer {
-    /// The run inside the answer (always present on a checked answer).
+    /// The run inside the answer (present on every checked answer; empty on an unanswered
+    /// call).
     pub fn run(&self) -> &RunResponse {
         static EMPTY: std::sync::OnceLock<RunResponse> = std::sync::OnceLock::new();
         self.response
@@ -101,9 +110,38 @@ impl SessionAnswer {
             .unwrap_or_else(|| EMPTY.get_or_init(RunResponse::default))
     }
 
-    /// The checked, chained record.
+    /// The checked, chained record: the answer's, or an unanswered call's.
     pub fn record(&self) -> Option<&RunRecord> {
-        self.run().record.as_option()
+        match &self.unanswered {
+            Some(rec) => Some(rec),
+            None => self.run().record.as_option(),
+        }
+    }
+}
+
+/// What a session stated at open, against which an unanswered call's record is checked
+/// (it has no answer of its own to be compared with).
+#[derive(Debug, Clone, Copy)]
+pub struct Opened<'a> {
+    /// The session fingerprint its records carry.
+    pub fingerprint: &'a str,
+    /// The provider the session opened on.
+    pub provider: &'a str,
+    /// The tier measured at open.
+    pub isolation: &'a str,
+    /// The software identity stated at open.
+    pub software_identity: &'a str,
+}
+
+impl SessionState {
+    /// What this session stated at open.
+    pub fn opened(&self) -> Opened<'_> {
+        Opened {
+            fingerprint: &self.fingerprint,
+            provider: &self.provider,
+            isolation: &self.isolation,
+            software_identity: &self.software_identity,
+        }
     }
 }
 
@@ -274,18 +312,33 @@ impl Session {
         let result = self
             .exchange(st, kind, &request, rule.as_ref(), floor, &digest)
             .await;
-        if let Err(e) = &result {
-            // Whatever ended the exchange, the call may have run: unless the error says
-            // nothing ran, or the chain moved past this call, this client can no longer
-            // follow the daemon's chain, so it sends nothing more.
-            if e.not_dispatched_reason().is_none()
-                && st.calls == calls_before
-                && st.stopped.is_none()
-            {
-                st.stopped = Some(e.to_string());
+        match result {
+            Ok(response) => Ok(SessionAnswer {
+                request,
+                response,
+                unanswered: None,
+            }),
+            Err(mut e) => {
+                // Whatever ended the exchange, the call may have run: unless the error says
+                // nothing ran, or the chain moved past this call, this client can no longer
+                // follow the daemon's chain, so it sends nothing more.
+                if e.not_dispatched_reason().is_none()
+                    && st.calls == calls_before
+                    && st.stopped.is_none()
+                {
+                    st.stopped = Some(e.to_string());
+                }
+                if let Some(rec) = e.unanswered_record().cloned() {
+                    // Kept with its request, so the call can be saved and checked again.
+                    e.failure_mut().unanswered_call = Some(Box::new(SessionAnswer {
+                        request,
+                        response: SessionRunResponse::default(),
+                        unanswered: Some(rec),
+                    }));
+                }
+                Err(e)
             }
         }
-        result.map(|response| SessionAnswer { request, response })
     }
 
     async fn exchange(
@@ -311,7 +364,14 @@ impl Session {
                 }
                 // The call may have run and the daemon chained its record: check it and keep
                 // it, so the session goes on and the call is not hidden.
-                check_unanswered_record(st, &rec, rule, floor, digest)?;
+                check_unanswered_record(
+                    st.opened(),
+                    (st.calls, &st.last_record_sha256),
+                    &rec,
+                    rule,
+                    floor,
+                    digest,
+                )?;
                 st.calls = rec.sequence;
                 st.last_record_sha256 = rec.record_sha256.clone();
                 e.failure_mut().unanswered_checked = true;
@@ -383,9 +443,10 @@ impl Session {
 
 /// The checks on an unanswered call's record: the record's own (version, no result, a
 /// Connect code, request digest, rule, own digest), the floor, the evidence stated at open,
-/// and its place in the chain.
+/// and its place in the chain after call `calls` whose record was `last`.
 fn check_unanswered_record(
-    st: &SessionState,
+    opened: Opened<'_>,
+    (calls, last): (u64, &str),
     rec: &RunRecord,
     rule: Option<&SoftwareRule>,
     floor: Floor,
@@ -397,23 +458,20 @@ fn check_unanswered_record(
         rec.provider.as_str(),
         rec.isolation.as_str(),
         rec.software_identity.as_str(),
-    ) != (
-        st.provider.as_str(),
-        st.isolation.as_str(),
-        st.software_identity.as_str(),
-    ) {
+    ) != (opened.provider, opened.isolation, opened.software_identity)
+    {
         return Err(ClientError::RecordMismatch(data_loss(format!(
             "the unanswered call's record names {} at {:?} running {:?}, the session opened as \
              {} at {:?} running {:?}",
             rec.provider,
             rec.isolation,
             rec.software_identity,
-            st.provider,
-            st.isolation,
-            st.software_identity
+            opened.provider,
+            opened.isolation,
+            opened.software_identity
         ))));
     }
-    check_chain(rec, &st.fingerprint, st.calls, &st.last_record_sha256).map_err(from_record_error)
+    check_chain(rec, opened.fingerprint, calls, last).map_err(from_record_error)
 }
 
 /// A session end's short name, as the published client spells it.
@@ -434,31 +492,81 @@ pub(crate) fn end_name(end: SessionEnd) -> String {
     .to_owned()
 }
 
-/// Re-checks a session's saved answers offline, as the live client checked them: each
-/// record against its saved request and response, the floor, and the chain from call 1.
-/// Returns the number of calls and the last record digest.
+/// Re-checks a session's saved calls offline, as the live client checked them: each
+/// answered call's record against its saved request and response, each unanswered call's
+/// record against its request and what the session stated at open, the floor, and the chain
+/// from call 1. Returns the number of calls and the last record digest.
 pub fn verify_chain(
-    fingerprint: &str,
+    opened: Opened<'_>,
     answers: &[SessionAnswer],
 ) -> Result<(u64, String), ClientError> {
     let mut calls = 0u64;
     let mut last = String::new();
     for a in answers {
-        let floor = Floor::parse(&a.request.minimum_isolation).map_err(|e| {
-            ClientError::RecordMismatch(data_loss(format!("a saved request's floor: {e}")))
-        })?;
+        let saved = |e: String| ClientError::RecordMismatch(data_loss(format!("a saved {e}")));
+        let floor = Floor::parse(&a.request.minimum_isolation)
+            .map_err(|e| saved(format!("request's floor: {e}")))?;
         let kind = validate::check_session_payload(a.request.payload.as_ref())
-            .map_err(|e| ClientError::RecordMismatch(data_loss(format!("a saved request: {e}"))))?;
-        let run = a.run();
+            .map_err(|e| saved(format!("request: {e}")))?;
         let digest = record::session_request_digest(&a.request);
         let rule = a.request.software_rule.as_option();
-        let rec = check_run(kind, run, floor, || {
-            let rec = check(&digest, rule, run)?;
-            check_chain(rec, fingerprint, calls, &last)?;
-            Ok(rec.clone())
-        })?;
+        let rec = match &a.unanswered {
+            Some(rec) => {
+                if a.response != SessionRunResponse::default() {
+                    return Err(saved("unanswered call carries an answer".to_owned()));
+                }
+                check_unanswered_record(opened, (calls, &last), rec, rule, floor, &digest)?;
+                rec.clone()
+            }
+            None => {
+                let run = a.run();
+                check_run(kind, run, floor, || {
+                    let rec = check(&digest, rule, run)?;
+                    check_chain(rec, opened.fingerprint, calls, &last)?;
+                    Ok(rec.clone())
+                })?
+            }
+        };
         calls = rec.sequence;
         last = rec.record_sha256;
+    }
+    Ok((calls, last))
+}
+
+/// Re-checks a saved session whole: the calls as [`verify_chain`] does, that each was sent
+/// on this session with at least its floor, and that the totals are the state's own.
+/// Returns the number of calls and the last record digest.
+pub fn verify_session(
+    state: &SessionState,
+    answers: &[SessionAnswer],
+) -> Result<(u64, String), ClientError> {
+    let bad = |e: String| ClientError::RecordMismatch(data_loss(e));
+    if record::session_fingerprint(&state.session_id) != state.fingerprint {
+        return Err(bad(
+            "the state's fingerprint is not its session id's".to_owned()
+        ));
+    }
+    let session_floor = options::floor(&state.floor)?;
+    for (n, a) in answers.iter().enumerate() {
+        if a.request.session_id != state.session_id {
+            return Err(bad(format!("saved call {} names another session", n + 1)));
+        }
+        let floor = Floor::parse(&a.request.minimum_isolation)
+            .map_err(|e| bad(format!("saved call {}'s floor: {e}", n + 1)))?;
+        if floor.stronger(session_floor) != floor {
+            return Err(bad(format!(
+                "saved call {} was sent below the session's floor {:?}",
+                n + 1,
+                state.floor
+            )));
+        }
+    }
+    let (calls, last) = verify_chain(state.opened(), answers)?;
+    if calls != state.calls || last != state.last_record_sha256 {
+        return Err(ClientError::Chain(data_loss(format!(
+            "the state counts {} calls ending {:?}, the saved calls {calls} ending {last:?}",
+            state.calls, state.last_record_sha256
+        ))));
     }
     Ok((calls, last))
 }
