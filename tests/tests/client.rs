@@ -652,3 +652,37 @@ fn the_token_and_the_session_id_are_never_printed() {
     };
     assert!(!format!("{state:?}").contains(id), "{state:?}");
 }
+
+/// A private file (a key, a session's state) replaces what is at its path whole: a link
+/// there is replaced, never followed, so the file it named keeps its bytes and mode.
+#[test]
+fn a_private_file_never_writes_through_a_symlink() {
+    let dir = tempfile::tempdir().unwrap();
+    let victim = dir.path().join("victim");
+    std::fs::write(&victim, "keep me").unwrap();
+    std::fs::set_permissions(&victim, std::fs::Permissions::from_mode(0o644)).unwrap();
+    let link = dir.path().join("key.pem");
+    std::os::unix::fs::symlink(&victim, &link).unwrap();
+    let public = dir.path().join("key.pub");
+    let addr: SocketAddr = "127.0.0.1:1".parse().unwrap();
+    let args = ["attest", "keygen", "--private", link.to_str().unwrap()];
+    let out = cli(
+        addr,
+        None,
+        &[&args[..], &["--public", public.to_str().unwrap()]].concat(),
+    );
+    assert!(out.status.success(), "{out:?}");
+    assert_eq!(std::fs::read_to_string(&victim).unwrap(), "keep me");
+    assert_eq!(
+        std::fs::metadata(&victim).unwrap().permissions().mode() & 0o777,
+        0o644
+    );
+    let written = std::fs::symlink_metadata(&link).unwrap();
+    assert!(written.is_file(), "the link was replaced by the key");
+    assert_eq!(written.permissions().mode() & 0o777, 0o600);
+    assert!(
+        std::fs::read_to_string(&link)
+            .unwrap()
+            .contains("PRIVATE KEY")
+    );
+}
