@@ -131,7 +131,10 @@ fn warn_open_profiles(registry: &Registry) {
 /// Metadata plus a content hash: catches edits that keep size and mtime.
 fn fingerprint(path: &std::path::Path) -> Option<Fingerprint> {
     let meta = std::fs::metadata(path).ok()?;
-    let bytes = std::fs::read(path).ok()?;
+    // Past the cap the load refuses the file whatever it holds: its size tells the change.
+    let bytes = crate::grants::read_capped(path, crate::grants::MAX_FILE_BYTES)
+        .ok()?
+        .unwrap_or_default();
     Some(Fingerprint {
         len: meta.len(),
         modified: meta.modified().ok(),

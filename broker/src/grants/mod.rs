@@ -194,19 +194,14 @@ impl fmt::Debug for TokenSpec {
 
 /// Reads and validates the grants file at `path`, reading profile variables from `env`.
 pub fn load(path: &Path, env: &dyn Environment) -> Result<Vec<Profile>, GrantsError> {
-    let meta = std::fs::metadata(path).map_err(|source| GrantsError::Read {
-        path: path.to_owned(),
-        source,
-    })?;
-    if meta.len() > MAX_FILE_BYTES {
-        return Err(GrantsError::TooLarge {
+    let bytes = read_capped(path, MAX_FILE_BYTES)
+        .map_err(|source| GrantsError::Read {
             path: path.to_owned(),
-        });
-    }
-    let bytes = std::fs::read(path).map_err(|source| GrantsError::Read {
-        path: path.to_owned(),
-        source,
-    })?;
+            source,
+        })?
+        .ok_or_else(|| GrantsError::TooLarge {
+            path: path.to_owned(),
+        })?;
     let dir = path.parent().unwrap_or(Path::new("."));
     let dir = if dir.as_os_str().is_empty() {
         Path::new(".")
@@ -214,6 +209,26 @@ pub fn load(path: &Path, env: &dyn Environment) -> Result<Vec<Profile>, GrantsEr
         dir
     };
     parse(&bytes, path, dir, env)
+}
+
+/// Reads a regular file of at most `limit` bytes; `None` when it holds more. Nothing past
+/// the limit is read, and a FIFO or a device at `path` is refused without blocking.
+pub(crate) fn read_capped(path: &Path, limit: u64) -> std::io::Result<Option<Vec<u8>>> {
+    use std::io::Read as _;
+    use std::os::unix::fs::OpenOptionsExt as _;
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK)
+        .open(path)?;
+    if !file.metadata()?.is_file() {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::InvalidInput,
+            "not a regular file",
+        ));
+    }
+    let mut bytes = Vec::new();
+    file.take(limit.saturating_add(1)).read_to_end(&mut bytes)?;
+    Ok((bytes.len() as u64 <= limit).then_some(bytes))
 }
 
 /// Validates grants file bytes. `path` names the file in errors; `dir` anchors

@@ -111,16 +111,18 @@ fn check_base_url(base_url: Option<&str>) -> Result<Origin, String> {
     let raw = base_url
         .filter(|s| !s.is_empty())
         .ok_or("base_url is missing")?;
+    // Until the value is known to be an origin it is not echoed: a query or user
+    // information may hold a credential, and these refusals reach the log.
     let (scheme, authority) = raw
         .split_once("://")
-        .ok_or_else(|| format!("base_url {raw:?} is not a URL with a host"))?;
+        .ok_or("base_url is not a URL with a host")?;
     if authority.contains(['/', '?', '#']) {
-        return Err(format!(
-            "base_url {raw:?} is not an origin (no path, not even `/`, query or fragment)"
-        ));
+        return Err(
+            "base_url is not an origin (no path, not even `/`, query or fragment)".to_owned(),
+        );
     }
     if authority.contains('@') {
-        return Err(format!("base_url {raw:?} has userinfo"));
+        return Err("base_url has user information".to_owned());
     }
     let url = url::Url::parse(raw).map_err(|e| format!("base_url {raw:?}: {e}"))?;
     let host = url
@@ -291,6 +293,10 @@ fn check_global(global: &str) -> Result<String, String> {
     Ok(global.to_owned())
 }
 
+/// The largest `preamble_file`: it is read at every reload and sent before every granted
+/// run's code.
+pub const MAX_PREAMBLE_BYTES: u64 = 1024 * 1024;
+
 /// Reads `preamble_file`, which must stay inside the grants file's directory both
 /// lexically and after resolving symlinks.
 fn read_preamble(file: &str, dir: &Path) -> Result<String, String> {
@@ -317,7 +323,12 @@ fn read_preamble(file: &str, dir: &Path) -> Result<String, String> {
             "preamble_file {file:?} leaves the grants file's directory through a symlink"
         ));
     }
-    std::fs::read_to_string(&resolved).map_err(unreadable)
+    let bytes = super::read_capped(&resolved, MAX_PREAMBLE_BYTES)
+        .map_err(unreadable)?
+        .ok_or_else(|| {
+            format!("preamble_file {file:?} is larger than {MAX_PREAMBLE_BYTES} bytes")
+        })?;
+    String::from_utf8(bytes).map_err(|_| format!("preamble_file {file:?} is not UTF-8 text"))
 }
 
 fn check_health(health: &str) -> Result<Option<Route>, String> {

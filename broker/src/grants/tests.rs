@@ -134,12 +134,21 @@ fn base_url_must_be_an_origin() {
         ("https://api.example.com/v1", "not an origin"),
         ("https://api.example.com?", "not an origin"),
         ("https://api.example.com#f", "not an origin"),
-        ("https://u:p@api.example.com", "userinfo"),
+        ("https://u:p@api.example.com", "user information"),
         ("http://api.example.com", "plain http"),
         ("ftp://api.example.com", "scheme"),
         ("api.example.com", "not a URL"),
     ] {
         assert_refused("base_url", json!(url), needle);
+    }
+    // A refusal reaches the log: a credential in the value is never echoed.
+    for url in [
+        "https://u:hunter2@api.example.com",
+        "https://api.example.com/?key=hunter2",
+        "u:hunter2@api.example.com",
+    ] {
+        let detail = refused_with("base_url", json!(url));
+        assert!(!detail.contains("hunter2"), "{detail}");
     }
     for ok in [
         "http://localhost:8080",
@@ -317,9 +326,45 @@ fn preamble_file_stays_in_the_directory() {
     for bad in ["../outside.js", "/etc/passwd", "link.js", "missing.js"] {
         assert!(with(bad).is_err(), "{bad}");
     }
+    // Nothing past the cap is read, and a FIFO is refused without waiting for a writer.
+    let big = vec![b'/'; usize::try_from(profile::MAX_PREAMBLE_BYTES).unwrap() + 1];
+    std::fs::write(inner.join("big.js"), big).unwrap();
+    let err = with("big.js").unwrap_err().to_string();
+    assert!(err.contains("larger than"), "{err}");
+    let fifo = inner.join("fifo.js");
+    assert!(
+        std::process::Command::new("mkfifo")
+            .arg(&fifo)
+            .status()
+            .unwrap()
+            .success()
+    );
+    let err = with("fifo.js").unwrap_err().to_string();
+    assert!(err.contains("not a regular file"), "{err}");
     let mut p = base();
     p["preamble_file"] = json!("sdk.js");
     p["preamble"] = json!("x");
     let err = load_value(&json!({"profiles": {"p": p}}), &inner).unwrap_err();
     assert!(err.to_string().contains("both"), "{err}");
+}
+
+#[test]
+fn a_grants_file_is_read_only_up_to_its_cap_and_never_from_a_fifo() {
+    let dir = tempfile::tempdir().unwrap();
+    let big = dir.path().join("big.json");
+    let file = std::fs::File::create(&big).unwrap();
+    file.set_len(MAX_FILE_BYTES + 1).unwrap();
+    assert!(matches!(
+        load(&big, &env()),
+        Err(GrantsError::TooLarge { .. })
+    ));
+    let fifo = dir.path().join("fifo.json");
+    assert!(
+        std::process::Command::new("mkfifo")
+            .arg(&fifo)
+            .status()
+            .unwrap()
+            .success()
+    );
+    assert!(matches!(load(&fifo, &env()), Err(GrantsError::Read { .. })));
 }
