@@ -720,5 +720,25 @@ pub(crate) fn shown(value: &str) -> String {
     }
 }
 
+/// A URL as a refusal may show it: any user information, query or fragment (where a
+/// credential may be) is left out, and the rest is cut like [`shown`].
+pub(crate) fn shown_url(value: &str) -> String {
+    let (scheme, rest) = match value.find("://") {
+        Some(at) => value.split_at(at + 3),
+        None => ("", value),
+    };
+    let authority_end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
+    let (authority, tail) = rest.split_at(authority_end);
+    let authority = match authority.rfind('@') {
+        Some(at) => format!("<redacted>@{}", &authority[at + 1..]),
+        None => authority.to_owned(),
+    };
+    let tail = match tail.find(['?', '#']) {
+        Some(at) => format!("{}?<redacted>", &tail[..at]),
+        None => tail.to_owned(),
+    };
+    shown(&format!("{scheme}{authority}{tail}"))
+}
+
 #[cfg(test)]
 mod tests;

@@ -583,3 +583,38 @@ fn the_guard_address_is_required_exactly_with_a_guard_url() {
     assert_eq!(config.guard_addr.as_deref(), Some("127.0.0.1:8443"));
     assert_eq!(ok(&e2b).guard_addr, None);
 }
+
+#[test]
+fn a_refused_url_never_shows_a_credential_it_carries() {
+    for (var, value, extra) in [
+        (
+            "E2B_API_URL",
+            "https://user:hunter2@api.example.com",
+            [("SANDBOX_PROVIDER", "e2b"), ("PLIMSOLL_INSECURE", "1")],
+        ),
+        (
+            "E2B_API_URL",
+            "https://api.example.com/?key=hunter2",
+            [("SANDBOX_PROVIDER", "e2b"), ("PLIMSOLL_INSECURE", "1")],
+        ),
+        (
+            "DOCKER_HOST",
+            "tcp://user:hunter2@docker.example.com:2376",
+            [("SANDBOX_PROVIDER", "docker"), ("PLIMSOLL_INSECURE", "1")],
+        ),
+    ] {
+        let mut pairs = extra.to_vec();
+        pairs.extend([(var, value), ("E2B_API_KEY", "e2b_test")]);
+        let text = problem(&pairs);
+        assert!(text.contains(var), "{text}");
+        assert!(!text.contains("hunter2"), "{text}");
+    }
+    assert_eq!(
+        crate::config::shown_url("https://u:p@h.example/a?t=1#f"),
+        "https://<redacted>@h.example/a?<redacted>"
+    );
+    assert_eq!(
+        crate::config::shown_url("unix:///var/run/docker.sock"),
+        "unix:///var/run/docker.sock"
+    );
+}

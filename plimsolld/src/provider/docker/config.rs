@@ -21,7 +21,7 @@ use plimsoll::tier::IsolationTier;
 use super::Docker;
 use crate::config::env::*;
 use crate::config::value::{self, ScalarError};
-use crate::config::{Config, ConfigProblem, Reader, shown};
+use crate::config::{Config, ConfigProblem, Reader, shown, shown_url};
 use crate::provider::config::{ProviderSettings, SharedSettings};
 use crate::provider::{Provider, ProviderError};
 
@@ -289,7 +289,7 @@ impl ProviderSettings for DockerConfig {
             Ok(socket) => config.socket = socket,
             Err(reason) => r.problems.push(ConfigProblem::ProviderSetting {
                 var: ENV_DOCKER_HOST,
-                value: shown(&host),
+                value: shown_url(&host),
                 reason: reason.to_owned(),
             }),
         }

@@ -11,7 +11,7 @@ use plimsoll::tier::IsolationTier;
 
 use super::DockerCloud;
 use crate::config::env::*;
-use crate::config::{Config, ConfigProblem, Reader, shown};
+use crate::config::{Config, ConfigProblem, Reader, shown, shown_url};
 use crate::provider::config::{ProviderSettings, SharedSettings};
 use crate::provider::e2b::config::BaseUrl;
 use crate::provider::{Provider, ProviderError};
@@ -149,7 +149,7 @@ fn url(r: &mut Reader<'_>, var: &'static str, default: Option<&str>) -> Url {
     match Url::parse(&value) {
         Ok(url) => url,
         Err(reason) if !default_used => {
-            problem(r, var, &value, reason);
+            problem(r, var, &shown_url(&value), reason);
             Url::default()
         }
         Err(_) => Url::default(),

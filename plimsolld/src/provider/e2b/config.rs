@@ -12,7 +12,7 @@ use plimsoll::tier::IsolationTier;
 
 use super::E2b;
 use crate::config::env::*;
-use crate::config::{Config, ConfigProblem, Reader, shown};
+use crate::config::{Config, ConfigProblem, Reader, shown, shown_url};
 use crate::provider::config::{ProviderSettings, SharedSettings};
 use crate::provider::{Provider, ProviderError};
 
@@ -192,7 +192,7 @@ fn url(r: &mut Reader<'_>, var: &'static str) -> Option<BaseUrl> {
     match BaseUrl::parse(&value) {
         Ok(url) => Some(url),
         Err(reason) => {
-            problem(r, var, &value, reason);
+            problem(r, var, &shown_url(&value), reason);
             None
         }
     }

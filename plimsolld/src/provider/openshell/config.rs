@@ -13,7 +13,7 @@ use plimsoll::tier::IsolationTier;
 
 use super::OpenShell;
 use crate::config::env::*;
-use crate::config::{Config, ConfigProblem, Reader, shown};
+use crate::config::{Config, ConfigProblem, Reader, shown, shown_url};
 use crate::provider::config::{ProviderSettings, SharedSettings};
 use crate::provider::docker::config::{image_reference_problem, is_pinned};
 use crate::provider::{Provider, ProviderError};
@@ -122,7 +122,7 @@ impl ProviderSettings for OpenShellConfig {
                 Ok(gateway) => config.gateway = gateway,
                 Err(reason) => r.problems.push(ConfigProblem::ProviderSetting {
                     var: ENV_OPENSHELL_GATEWAY_URL,
-                    value: shown(&url),
+                    value: shown_url(&url),
                     reason: reason.to_owned(),
                 }),
             }
