@@ -58,7 +58,8 @@ const END_GRACE: Duration = Duration::from_secs(3);
 const HEALTHY_LIFE: Duration = Duration::from_secs(60);
 
 /// What plimsolld tells a guard it supervises: the settings of config.md it shares with the
-/// guard binary. The rest (TLS, hardened mode, the log format) the child inherits.
+/// guard binary. The rest (TLS, hardened mode, the log format) the child inherits, and
+/// nothing else of plimsolld's environment.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct GuardChild {
     /// `PLIMSOLL_GUARD_ADDR`.
@@ -74,6 +75,9 @@ struct Launch {
     name: &'static str,
     /// Variables set on top of what the child inherits, computed at each start.
     env: Box<dyn Fn() -> Vec<(&'static str, OsString)> + Send + Sync>,
+    /// The only variables the child inherits; `None`: all of them (the broker reads each
+    /// profile's variables, named in the grants file).
+    inherit: Option<&'static [(&'static str, &'static str)]>,
     /// Files a dead child may have left that the next one must not find (its sockets).
     stale: Vec<PathBuf>,
 }
@@ -144,6 +148,7 @@ impl Supervisor {
                 }
                 env
             }),
+            inherit: None,
             stale: vec![socket.clone(), guard_socket],
         };
         Supervisor::launch(launch, Some(dir), socket, Arc::default())
@@ -175,6 +180,9 @@ impl Supervisor {
                     (guard::env::MAX_CONCURRENT, max.to_string().into()),
                 ]
             }),
+            // The guard faces the network: it gets what it reads and nothing else (never
+            // the daemon's vendor keys or caller tokens).
+            inherit: Some(guard::env::VARIABLES),
             stale: vec![addr_file.clone()],
         };
         let child = Supervisor::launch(launch, None, dir.join(GUARD_SOCKET), bound)?;
@@ -325,6 +333,14 @@ fn spawn(launch: &Launch) -> std::io::Result<Child> {
         let _ = std::fs::remove_file(path);
     }
     let mut command = Command::new(&launch.binary);
+    if let Some(names) = launch.inherit {
+        command.env_clear();
+        for (name, _) in names {
+            if let Some(value) = std::env::var_os(name) {
+                command.env(name, value);
+            }
+        }
+    }
     command
         .envs((launch.env)())
         .stdin(Stdio::null())

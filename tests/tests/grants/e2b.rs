@@ -59,6 +59,21 @@ fn token_of(sim: &E2bSim, id: &str) -> Option<String> {
         .map(str::to_owned)
 }
 
+/// The environment of the guard child `daemon` supervises (its child named `guard`).
+fn guard_environ(daemon: u32) -> String {
+    for entry in std::fs::read_dir("/proc").expect("/proc").flatten() {
+        let proc = entry.path();
+        let status = std::fs::read_to_string(proc.join("status")).unwrap_or_default();
+        let child = status.lines().any(|l| l == format!("PPid:\t{daemon}"));
+        let name = std::fs::read_to_string(proc.join("comm")).unwrap_or_default();
+        if child && name.trim() == "guard" {
+            let raw = std::fs::read(proc.join("environ")).expect("the guard's environ");
+            return String::from_utf8_lossy(&raw).replace('\0', "\n");
+        }
+    }
+    panic!("no guard child of {daemon}");
+}
+
 #[test]
 fn e2b_runs_reach_only_their_grant_through_the_guard() {
     if !e2b_ready() {
@@ -76,6 +91,12 @@ fn e2b_runs_reach_only_their_grant_through_the_guard() {
     sim.sim
         .map_host(GUARD_HOST, &format!("http://{guard_addr}"), None)
         .expect("map the guard");
+    // The guard faces the network: it holds none of the daemon's keys or tokens.
+    let environ = guard_environ(d.pid());
+    for secret in ["E2B_API_KEY=", "PLIMSOLL_TOKEN=", "PLIMSOLL_CLIENTS_FILE="] {
+        assert!(!environ.contains(secret), "the guard inherited {secret}");
+    }
+    assert!(environ.contains("PLIMSOLL_GUARD_ADDR="), "{environ}");
     let v = connect::call_as(&f.alice, "Describe", &json!({}))
         .send(d.addr)
         .json();
