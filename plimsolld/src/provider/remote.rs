@@ -26,6 +26,10 @@ pub const STEP_FILE: &str = "/tmp/plimsoll-smoke-step.sh";
 pub const STEP: &str = "if command -v python3 >/dev/null 2>&1; then py=1; else py=0; fi\nexec node /tmp/plimsoll-smoke-probe.cjs \"$py\"\n";
 /// The whole of a project's artifacts (grants.md §6.4, §7.5).
 const ARTIFACTS_CAP: usize = 8 << 20;
+/// How long past the call's budget its artifacts may still be read: a guest that leaves a
+/// FIFO (or a stalled writer) at an artifact's path must not hold the call, its admission
+/// slot and a paid sandbox (or a session's turn) for every download's own bound.
+pub const ARTIFACTS_GRACE: Duration = Duration::from_secs(30);
 
 /// A failed check of a startup proof.
 #[derive(Debug, thiserror::Error)]
@@ -247,23 +251,35 @@ pub enum Read {
 }
 
 /// The asked artifacts (paths in `project_dir`) that exist, within the total cap: what does
-/// not fit is dropped and flagged. `read(path, limit)` reads one.
+/// not fit is dropped and flagged. `read(path, limit)` reads one; every read ends by `until`
+/// (the call's budget and [`ARTIFACTS_GRACE`]), and one that has not is counted as failed.
 pub async fn artifacts<F, Fut>(
     sandbox: &str,
     project_dir: &str,
     asked: &[String],
+    until: Instant,
     mut read: F,
 ) -> (Vec<Artifact>, bool)
 where
     F: FnMut(String, usize) -> Fut,
     Fut: Future<Output = Read>,
 {
+    let until = tokio::time::Instant::from_std(until);
     let mut found = Vec::new();
     let mut left = ARTIFACTS_CAP;
     let mut truncated = false;
     for path in asked {
         // One byte over what is left tells "does not fit" from "fits exactly".
-        match read(format!("{project_dir}/{path}"), left + 1).await {
+        let late = || Read::Failed("the call's time for its artifacts ran out".to_owned());
+        let got = if tokio::time::Instant::now() >= until {
+            late()
+        } else {
+            let one = read(format!("{project_dir}/{path}"), left + 1);
+            tokio::time::timeout_at(until, one)
+                .await
+                .unwrap_or_else(|_| late())
+        };
+        match got {
             Read::Content(content) if content.len() <= left => {
                 left -= content.len();
                 found.push(Artifact {
@@ -420,6 +436,26 @@ mod tests {
 
     fn paths(files: &[(String, Vec<u8>)]) -> Vec<&str> {
         files.iter().map(|(path, _)| path.as_str()).collect()
+    }
+
+    /// A guest can leave a FIFO or a stalled writer at an artifact's path: the reads end at
+    /// the call's deadline however many were asked, and the answer says some are missing.
+    #[tokio::test(start_paused = true)]
+    async fn artifact_reads_end_at_the_calls_deadline() {
+        let asked = ["a.txt", "fifo", "b.txt"].map(str::to_owned);
+        let began = tokio::time::Instant::now();
+        let until = Instant::now() + Duration::from_secs(5);
+        let (found, truncated) = artifacts("sb", "/p", &asked, until, |path, _| async move {
+            if path.ends_with("fifo") {
+                std::future::pending::<()>().await;
+            }
+            Read::Content(path.into_bytes())
+        })
+        .await;
+        assert!(truncated, "a read that never ended is reported");
+        let got: Vec<&str> = found.iter().map(|a| a.path.as_str()).collect();
+        assert_eq!(got, ["a.txt"], "nothing is read past the deadline");
+        assert!(began.elapsed() < Duration::from_secs(6));
     }
 
     #[test]

@@ -24,6 +24,9 @@ pub const MAX_ANSWER: usize = 1 << 20;
 const EXP_MARGIN: Duration = Duration::from_secs(60);
 /// A bearer whose `exp` cannot be read is used this long.
 const UNREADABLE_EXP: Duration = Duration::from_secs(300);
+/// The longest a bearer is used, whatever its `exp` says (a far `exp` would also overflow
+/// the clock the cache is kept on).
+const MAX_BEARER_LIFE: Duration = Duration::from_secs(3600);
 /// The bound on the token exchange.
 const EXCHANGE_BOUND: Duration = Duration::from_secs(20);
 /// The end-of-stream flag of a Connect envelope.
@@ -157,7 +160,8 @@ impl Auth {
     }
 }
 
-/// How long a JWT is used: until `exp` − 60 s (5 min when `exp` cannot be read).
+/// How long a JWT is used: until `exp` − 60 s (5 min when `exp` cannot be read), an hour
+/// at most.
 fn lifetime(jwt: &str) -> Duration {
     let exp = jwt
         .split('.')
@@ -172,7 +176,9 @@ fn lifetime(jwt: &str) -> Duration {
         .duration_since(SystemTime::UNIX_EPOCH)
         .unwrap_or_default()
         .as_secs();
-    Duration::from_secs(exp.saturating_sub(now)).saturating_sub(EXP_MARGIN)
+    Duration::from_secs(exp.saturating_sub(now))
+        .saturating_sub(EXP_MARGIN)
+        .min(MAX_BEARER_LIFE)
 }
 
 fn headers(
@@ -412,6 +418,11 @@ mod tests {
         assert_eq!(lifetime("opaque"), UNREADABLE_EXP);
         let old = URL_SAFE_NO_PAD.encode(json!({ "exp": now + 30 }).to_string());
         assert_eq!(lifetime(&format!("h.{old}.s")), Duration::ZERO);
+        // A far `exp` (the vendor's answer) neither overflows the clock nor lives on.
+        let far = URL_SAFE_NO_PAD.encode(json!({ "exp": u64::MAX }).to_string());
+        let life = lifetime(&format!("h.{far}.s"));
+        assert_eq!(life, MAX_BEARER_LIFE);
+        assert!(std::time::Instant::now().checked_add(life).is_some());
     }
 
     #[test]

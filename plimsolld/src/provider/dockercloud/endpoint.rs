@@ -32,9 +32,9 @@ const EXEC_SLACK: Duration = Duration::from_secs(10);
 /// to `/tmp/.plimsoll-rc.$$` (125 when the file is missing: the wrapper itself failed).
 /// busybox's `timeout` kills only its child, and a grandchild holding the output pipes would
 /// keep the exec open: the command runs as its own process group (`setsid`), which is
-/// killed whole once `timeout` returns.
+/// killed whole once `timeout` returns (`kill -KILL -PGID`: dash refuses `--` there).
 pub const WRAPPER: &str = r#"s=$1; c=$2; shift 2; f=/tmp/.plimsoll-rc.$$; g=/tmp/.plimsoll-pg.$$; rm -f "$f" "$g"
-{ { timeout -s KILL "$s" setsid sh -c 'echo $$ >"$0"; exec "$@"' "$g" "$@"; echo $? >"$f"; p=$(cat "$g" 2>/dev/null); [ -n "$p" ] && kill -KILL -- "-$p" 2>/dev/null; } 2>&1 1>&3 | head -c "$c" 1>&2; } 3>&1 | head -c "$c"
+{ { timeout -s KILL "$s" setsid sh -c 'echo $$ >"$0"; exec "$@"' "$g" "$@"; echo $? >"$f"; p=$(cat "$g" 2>/dev/null); [ -n "$p" ] && kill -KILL "-$p" 2>/dev/null; } 2>&1 1>&3 | head -c "$c" 1>&2; } 3>&1 | head -c "$c"
 rc=$(cat "$f" 2>/dev/null) || rc=125; rm -f "$f" "$g"; exit "${rc:-125}""#;
 
 /// The exit of a run whose answer was larger than the caps allow.
@@ -261,4 +261,40 @@ fn within(path: &str, read: Option<Vec<u8>>, limit: usize) -> Result<Option<Vec<
         )));
     }
     Ok(read)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::process::Command;
+    use std::time::{Duration, Instant};
+
+    use super::wrapped;
+
+    /// The wrapper as the sandbox's `sh` runs it (here the host's: dash on Debian).
+    fn run(secs: u64, argv: &[&str]) -> (i32, String, Duration) {
+        let cmd = wrapped(secs, 1000, argv);
+        let began = Instant::now();
+        let out = Command::new(&cmd[0])
+            .args(&cmd[1..])
+            .output()
+            .unwrap_or_else(|e| panic!("sh: {e}"));
+        let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+        (out.status.code().unwrap_or(-1), stdout, began.elapsed())
+    }
+
+    #[test]
+    fn the_commands_exit_and_output_pass_through() {
+        let (code, stdout, _) = run(5, &["sh", "-c", "echo hi; exit 3"]);
+        assert_eq!((code, stdout.as_str()), (3, "hi\n"));
+    }
+
+    /// A child left in the command's group holds the output pipes: the group is killed at
+    /// the limit, so the exec ends then (before, dash refused the kill and the exec lasted
+    /// as long as the child).
+    #[test]
+    fn the_whole_group_is_killed_at_the_limit() {
+        let (code, _, took) = run(1, &["sh", "-c", "sleep 30 & sleep 30"]);
+        assert_eq!(code, 137, "killed by the limit");
+        assert!(took < Duration::from_secs(15), "took {took:?}");
+    }
 }

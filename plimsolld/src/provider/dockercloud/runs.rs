@@ -266,6 +266,7 @@ pub async fn project(
                 sandbox.id(),
                 PROJECT_DIR,
                 &plan.artifacts,
+                started + budget + remote::ARTIFACTS_GRACE,
                 |path, limit| async move {
                     match sandbox.endpoint.download(bearer, &path, limit).await {
                         Ok(Some(content)) => Read::Content(content),

@@ -40,10 +40,6 @@ fn inline_script() -> String {
 pub const PROJECT_DIR: &str = "/home/user/project";
 /// A granted project's client library, loaded by every node a step starts.
 pub const HOST_LIBRARY: &str = "/tmp/plimsoll-e2b-host.mjs";
-/// How long past the call's budget its artifacts may still be read: a guest that leaves a
-/// FIFO (or a stalled writer) at an artifact's path must not hold the call, and a session's
-/// turn, for the downloads' own bounds.
-const ARTIFACTS_GRACE: Duration = Duration::from_secs(30);
 /// The VM's CA bundle, which holds E2B's egress proxy's CA: node trusts only what
 /// `NODE_EXTRA_CA_CERTS` names.
 const CA_BUNDLE: &str = "/etc/ssl/certs/ca-certificates.crt";
@@ -220,18 +216,17 @@ pub async fn project(
         Ok(steps) => steps,
         Err(ended) => return Ok(ended),
     };
-    let until = tokio::time::Instant::from_std(started + budget + ARTIFACTS_GRACE);
     let found = remote::artifacts(
         vm.id(),
         PROJECT_DIR,
         &plan.artifacts,
+        started + budget + remote::ARTIFACTS_GRACE,
         |path, limit| async move {
-            match tokio::time::timeout_at(until, vm.envd.download(&path, limit)).await {
-                Ok(Ok(Some(content))) => Read::Content(content),
-                Ok(Ok(None)) => Read::Absent,
-                Ok(Err(EnvdError::Refused(_))) => Read::TooLarge,
-                Ok(Err(e)) => Read::Failed(e.to_string()),
-                Err(_) => Read::Failed("the call's time for its artifacts ran out".to_owned()),
+            match vm.envd.download(&path, limit).await {
+                Ok(Some(content)) => Read::Content(content),
+                Ok(None) => Read::Absent,
+                Err(EnvdError::Refused(_)) => Read::TooLarge,
+                Err(e) => Read::Failed(e.to_string()),
             }
         },
     )

@@ -120,6 +120,21 @@ async fn probe(lease: &Lease) -> Result<Report, OpenShellError> {
     serde_json::from_str(out.trim()).map_err(|e| failed("probe", format!("{e}: {out:?}")))
 }
 
+/// The memory the sandbox holds in bytes: its cgroup's limit or, where its kernel shows no
+/// cgroup (gVisor), the total memory that kernel was sized to. Checked: a reported size that
+/// wraps must not come out equal to the expected one.
+fn held_memory(report: &Report) -> Option<u64> {
+    if report.memory_max.is_empty() {
+        report
+            .mem_total_kb
+            .parse::<u64>()
+            .ok()
+            .and_then(|kb| kb.checked_mul(1024))
+    } else {
+        report.memory_max.parse::<u64>().ok()
+    }
+}
+
 fn judge(inner: &Inner, report: &Report) -> Result<(), OpenShellError> {
     let writable: Vec<&String> = report
         .writable
@@ -149,13 +164,7 @@ fn judge(inner: &Inner, report: &Report) -> Result<(), OpenShellError> {
     }
     let resources = &inner.resources;
     let memory = u64::from(resources.memory_mb) * 1024 * 1024;
-    // The cgroup's limit; where the sandbox's kernel shows no cgroup (gVisor), the total
-    // memory that kernel was sized to.
-    let held = if report.memory_max.is_empty() {
-        report.mem_total_kb.parse::<u64>().ok().map(|kb| kb * 1024)
-    } else {
-        report.memory_max.parse::<u64>().ok()
-    };
+    let held = held_memory(report);
     if held != Some(memory) {
         return Err(failed(
             "memory limit",
@@ -398,6 +407,23 @@ async fn round_trip(lease: &Lease, checks: &[&str]) -> Result<(), OpenShellError
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_held_memory_never_wraps_into_the_expected_size() {
+        let report = |memory_max: &str, mem_total_kb: String| Report {
+            memory_max: memory_max.to_owned(),
+            mem_total_kb,
+            ..Report::default()
+        };
+        assert_eq!(held_memory(&report("", "524288".into())), Some(512 << 20));
+        assert_eq!(
+            held_memory(&report("536870912", String::new())),
+            Some(512 << 20)
+        );
+        // 2^54 KiB + 512 MiB would wrap to exactly 512 MiB in bytes.
+        let wraps = (1u64 << 54) + (512 << 10);
+        assert_eq!(held_memory(&report("", wraps.to_string())), None);
+    }
 
     #[test]
     fn sessions_need_a_yama_ptrace_scope_of_at_least_one() {
