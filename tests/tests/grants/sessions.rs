@@ -68,9 +68,17 @@ pub(super) fn session_profiles(f: &Fixture) -> Value {
     }})
 }
 
+/// A broker fixture whose grants file holds [`session_profiles`], and a session daemon on it.
+pub(super) fn granted_sessions() -> (Fixture, Daemon) {
+    let f = Fixture::start();
+    f.write_grants(&session_profiles(&f));
+    let d = session_daemon(&f);
+    (f, d)
+}
+
 /// A dropped `Daemon` is stopped with SIGTERM, so its drain removes the session's container
 /// even when an assertion fails.
-pub(super) fn session_daemon(f: &Fixture) -> Daemon {
+fn session_daemon(f: &Fixture) -> Daemon {
     let mut extra = vec![
         ("SANDBOX_PROVIDER", "docker"),
         ("SANDBOX_MAX_SESSIONS", "4"),
@@ -212,13 +220,11 @@ fn a_session_lends_a_grant_per_call_keeps_route_caps_and_refuses_profiles_not_fo
         return;
     }
     let started = Instant::now();
-    let f = Fixture::start();
+    let (f, d) = granted_sessions();
     f.api
         .respond("GET", "/items/8", Reply::json(200, r#"{"id":8}"#));
     f.api
         .respond("GET", "/items/9", Reply::json(200, r#"{"id":9}"#));
-    f.write_grants(&session_profiles(&f));
-    let d = session_daemon(&f);
 
     // 1. Open a session as alice.
     let resp = call(
@@ -400,9 +406,7 @@ fn a_thread_planted_by_an_earlier_cell_never_uses_a_later_calls_grant() {
     if !docker_ready() {
         return;
     }
-    let f = Fixture::start();
-    f.write_grants(&session_profiles(&f));
-    let d = session_daemon(&f);
+    let (f, d) = granted_sessions();
     let id = open_python(&f.alice, &d);
     let cell = |code: &str| {
         let resp = session_run(
@@ -554,9 +558,7 @@ fn a_grant_the_broker_cannot_confirm_taken_back_ends_the_session() {
     if !docker_ready() {
         return;
     }
-    let f = Fixture::start();
-    f.write_grants(&session_profiles(&f));
-    let d = session_daemon(&f);
+    let (f, d) = granted_sessions();
     let id = open_python(&f.alice, &d);
     snippet_ran(&d, &f.alice, &id, "console.log('warm')", "");
     let broker = broker_pid(&d);

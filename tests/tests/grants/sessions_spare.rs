@@ -9,10 +9,7 @@ use plimsoll_tests::connect;
 use plimsoll_tests::docker::{docker_ready, runtime};
 use serde_json::json;
 
-use super::sessions::{
-    field, one_json_line, session_daemon, session_profiles, session_run, snippet_ran,
-};
-use crate::Fixture;
+use super::sessions::{field, granted_sessions, one_json_line, session_run, snippet_ran};
 
 /// A project step's program: how many `node -` processes of the guest it sees.
 const COUNT_WAITING: &str = r#"
@@ -49,9 +46,7 @@ fn a_granted_call_finds_no_node_started_ahead() {
     if !docker_ready() {
         return;
     }
-    let f = Fixture::start();
-    f.write_grants(&session_profiles(&f));
-    let d = session_daemon(&f);
+    let (f, d) = granted_sessions();
     let resp = super::sessions::call(
         &d,
         &f.alice,

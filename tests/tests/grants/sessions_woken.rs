@@ -12,8 +12,8 @@ use plimsoll_tests::test_api::Reply;
 use serde_json::{Value, json};
 
 use super::sessions::{
-    PLANT, close, closed_lines, field, get, open_python, session_daemon, session_profiles,
-    session_run, snippet_ran, targets,
+    PLANT, close, closed_lines, field, get, granted_sessions, open_python, session_run,
+    snippet_ran, targets,
 };
 use crate::Fixture;
 
@@ -248,9 +248,7 @@ fn a_connection_opened_before_a_granted_call_is_refused_during_it() {
     // longer, the connection is gone before the wake, and nothing was tried. Try again
     // then (the thread's last entry is the closed connection, and no refusal was seen).
     for attempt in 1..=3 {
-        let f = Fixture::start();
-        f.write_grants(&session_profiles(&f));
-        let d = session_daemon(&f);
+        let (f, d) = granted_sessions();
         let woken = woken_interpreter(&f, &d, &["import json", PLANT_KEEP_ALIVE], WAKE_PID);
         let closed_first = woken.seen.last().is_some_and(|s| status_of(s) == -3);
         if attempt < 3 && closed_first && !woken.seen.contains(&refusal) {
@@ -284,9 +282,7 @@ fn a_held_interpreter_woken_by_the_granted_call_gets_no_answer() {
     if !docker_ready() {
         return;
     }
-    let f = Fixture::start();
-    f.write_grants(&session_profiles(&f));
-    let d = session_daemon(&f);
+    let (f, d) = granted_sessions();
     let plant = format!("{PLANT}\nimport os, json\nprint(os.getpid())");
     let woken = woken_interpreter(&f, &d, &[&plant], WAKE_PID);
     if runsc() {
@@ -310,9 +306,7 @@ fn a_held_interpreter_woken_by_its_own_timer_gets_no_answer() {
     if !docker_ready() {
         return;
     }
-    let f = Fixture::start();
-    f.write_grants(&session_profiles(&f));
-    let d = session_daemon(&f);
+    let (f, d) = granted_sessions();
     let plant = format!("{PLANT}\nimport json");
     let woken = woken_interpreter(&f, &d, &[&plant, ARM_SIGCONT_TIMER], OWN);
     if runsc() {
@@ -370,11 +364,9 @@ fn a_process_left_by_an_interpreter_gone_since_the_sweep_never_meets_the_grant()
     if !docker_ready() {
         return;
     }
-    let f = Fixture::start();
-    f.write_grants(&session_profiles(&f));
+    let (f, d) = granted_sessions();
     f.api
         .respond("GET", "/items/8", Reply::json(200, r#"{"id":8}"#));
-    let d = session_daemon(&f);
     let id = open_python(&f.alice, &d);
     let resp = session_run(
         &d,
