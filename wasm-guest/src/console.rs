@@ -18,31 +18,20 @@ const MAX_DEPTH: usize = 2;
 /// How many entries a container shows before `... N more items`.
 const MAX_ITEMS: usize = 100;
 
-#[derive(Clone, Copy)]
-enum Stream {
-    Out,
-    Err,
-}
-
-/// Defines `console` and `print` on the global object.
+/// Defines `console` and `print` on the global object. Every console method prints to
+/// stdout, as `qjs` with upstream's one-line shim does (providers.md §3.4): only an uncaught
+/// error reaches stderr.
 pub fn install(ctx: &Ctx<'_>) -> rquickjs::Result<()> {
     let console = Object::new(ctx.clone())?;
-    for (name, stream) in [
-        ("log", Stream::Out),
-        ("info", Stream::Out),
-        ("debug", Stream::Out),
-        ("trace", Stream::Out),
-        ("error", Stream::Err),
-        ("warn", Stream::Err),
-    ] {
-        console.set(name, printer(ctx, stream)?)?;
+    for name in ["log", "info", "debug", "trace", "error", "warn"] {
+        console.set(name, printer(ctx)?)?;
     }
     ctx.globals().set("console", console)?;
-    ctx.globals().set("print", printer(ctx, Stream::Out)?)?;
+    ctx.globals().set("print", printer(ctx)?)?;
     Ok(())
 }
 
-fn printer<'js>(ctx: &Ctx<'js>, stream: Stream) -> rquickjs::Result<Function<'js>> {
+fn printer<'js>(ctx: &Ctx<'js>) -> rquickjs::Result<Function<'js>> {
     Function::new(ctx.clone(), move |ctx: Ctx<'js>, args: Rest<Value<'js>>| {
         let mut line = String::new();
         for (i, arg) in args.0.iter().enumerate() {
@@ -57,10 +46,7 @@ fn printer<'js>(ctx: &Ctx<'js>, stream: Stream) -> rquickjs::Result<Function<'js
         line.push('\n');
         // The host never fails a write (it drops bytes past its cap), so an error here
         // has nowhere useful to go.
-        let _ = match stream {
-            Stream::Out => std::io::stdout().lock().write_all(line.as_bytes()),
-            Stream::Err => std::io::stderr().lock().write_all(line.as_bytes()),
-        };
+        let _ = std::io::stdout().lock().write_all(line.as_bytes());
     })
 }
 

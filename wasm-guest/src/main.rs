@@ -6,8 +6,10 @@
 //! that may use top-level `await`, runs promise jobs and timers until none are left, and
 //! exits.
 //!
-//! - `console.log` (also `info`, `debug`, `trace` and `print`) writes a line to stdout;
-//!   `console.error` and `console.warn` write to stderr.
+//! - `console.log` (also `info`, `debug`, `trace`, `error`, `warn` and `print`) writes a
+//!   line to stdout (providers.md §3.4: all console output goes to stdout).
+//! - `scriptArgs` is empty, and an en-US `Intl.NumberFormat` (decimal, currency, percent;
+//!   fraction digits; grouping) backs `Number.prototype.toLocaleString` (`intl.js`).
 //! - An uncaught exception or an unhandled rejection prints the error (and its stack) on
 //!   stderr and exits 1. Running out of memory inside the interpreter is an exception too;
 //!   running out of memory in the guest's own Rust code aborts (a trap, which the host
@@ -52,6 +54,9 @@ const MICROTASK_SHIM: &str = "globalThis.queueMicrotask = function queueMicrotas
     if (typeof callback !== 'function') throw new TypeError('the callback must be a function'); \
     Promise.resolve().then(() => callback()); };";
 
+/// `scriptArgs` and the `Intl.NumberFormat` polyfill (providers.md §3.4).
+const GLOBALS_SHIM: &str = include_str!("intl.js");
+
 /// Why the guest could not run the snippet at all (never the snippet's own failure).
 const EXIT_GUEST_FAILURE: u8 = 70;
 
@@ -92,6 +97,7 @@ fn run(input: String) -> rquickjs::Result<u8> {
         console::install(&ctx)?;
         queue.install(&ctx)?;
         ctx.eval::<(), _>(MICROTASK_SHIM)?;
+        ctx.eval::<(), _>(GLOBALS_SHIM)?;
         host_call::install(&ctx)?;
         if let Some(prelude) = prelude {
             let mut options = EvalOptions::default();

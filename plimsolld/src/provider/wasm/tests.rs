@@ -119,15 +119,36 @@ async fn uncaught_error_is_a_result_with_exit_1_and_the_error_on_stderr() {
     assert_eq!(out.exit_code, 1);
     assert_eq!(out.stdout, b"before\n");
     assert_eq!(out.stderr, b"boom\n");
+    // Every console method prints to stdout (providers.md §3.4); only the uncaught error
+    // above reached stderr.
     let out = run(
         &provider,
-        "console.error('to stderr')",
+        "console.error('e'); console.warn('w'); console.info('i')",
         Duration::from_secs(5),
     )
     .await;
     assert_eq!(
-        (out.exit_code, out.stderr.as_slice()),
-        (0, b"to stderr\n".as_slice())
+        (out.exit_code, out.stdout.as_slice(), out.stderr.as_slice()),
+        (0, b"e\nw\ni\n".as_slice(), b"".as_slice())
+    );
+}
+
+/// The globals of providers.md §3.4: `scriptArgs`, and an en-US `Intl.NumberFormat` behind
+/// `toLocaleString` (QuickJS has no Intl).
+#[tokio::test]
+async fn intl_number_format_and_script_args_are_there() {
+    let provider = ready_provider(&[]).await;
+    let code = "const usd = new Intl.NumberFormat('en-US', { style: 'currency', currency: 'USD' });\n\
+                console.log(usd.format(1234.5), usd.format(-0.5));\n\
+                console.log((1234567.891).toLocaleString(), (0.256).toLocaleString('en-US', { style: 'percent' }));\n\
+                console.log(new Intl.NumberFormat('en-US', { style: 'currency', currency: 'JPY' }).format(1234.5));\n\
+                console.log((1234.5).toLocaleString('en-US', { minimumFractionDigits: 2 }), JSON.stringify(scriptArgs));";
+    let out = run(&provider, code, Duration::from_secs(5)).await;
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout),
+        "$1,234.50 -$0.50\n1,234,567.891 26%\n¥1,235\n1,234.50 []\n",
+        "{:?}",
+        String::from_utf8_lossy(&out.stderr)
     );
 }
 
@@ -190,9 +211,9 @@ async fn memory_past_the_cap_fails_inside_the_guest_and_the_next_run_is_fresh() 
 async fn output_past_64_kib_is_dropped_and_flagged_per_stream() {
     let provider = ready_provider(&[]).await;
     let code = "const line = 'x'.repeat(1023); for (let i = 0; i < 200; i++) console.log(line); \
-                console.error('e')";
+                throw 'e'";
     let out = run(&provider, code, Duration::from_secs(10)).await;
-    assert_eq!(out.exit_code, 0);
+    assert_eq!(out.exit_code, 1);
     assert_eq!(out.stdout.len(), output::OUTPUT_CAP);
     assert!(
         out.stdout.iter().all(|b| *b == b'x' || *b == b'\n'),
