@@ -103,7 +103,7 @@ impl Reader<'_> {
         if paid > 0 && !provider.is_some_and(|p| p.settings().metered()) {
             self.problems.push(ConfigProblem::UnsupportedByProvider {
                 var: ENV_PAID_SECONDS_PER_DAY,
-                value: paid,
+                value: paid.to_string(),
                 provider: provider.map_or("disabled", ProviderConfig::name),
             });
         }

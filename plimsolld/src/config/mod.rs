@@ -205,7 +205,7 @@ pub enum ConfigProblem {
     #[error("{var}={value} is not supported by the {provider} provider; unset it or set 0")]
     UnsupportedByProvider {
         var: &'static str,
-        value: u32,
+        value: String,
         provider: &'static str,
     },
     /// `SANDBOX_MAX_CONCURRENT` outside `[1, 1024]`.
@@ -617,19 +617,20 @@ impl<'a> Reader<'a> {
         let pids = self.integer(ENV_PIDS, 0);
         let disk_mb = self.integer(ENV_DISK_MB, 0);
         if let Some(provider) = provider {
-            if pids > 0 && !provider.settings().enforces_pids() {
-                self.problems.push(ConfigProblem::UnsupportedByProvider {
-                    var: ENV_PIDS,
-                    value: pids,
-                    provider: provider.name(),
-                });
-            }
-            if disk_mb > 0 && !provider.settings().enforces_disk() {
-                self.problems.push(ConfigProblem::UnsupportedByProvider {
-                    var: ENV_DISK_MB,
-                    value: disk_mb,
-                    provider: provider.name(),
-                });
+            let settings = provider.settings();
+            // A limit nothing enforces would still be stated in Describe: refused instead.
+            for (var, set, enforced) in [
+                (ENV_CPUS, (cpus > 0.0).then(|| shown(&cpus_text)), settings.enforces_cpus()),
+                (ENV_PIDS, (pids > 0).then(|| pids.to_string()), settings.enforces_pids()),
+                (ENV_DISK_MB, (disk_mb > 0).then(|| disk_mb.to_string()), settings.enforces_disk()),
+            ] {
+                if let (Some(value), false) = (set, enforced) {
+                    self.problems.push(ConfigProblem::UnsupportedByProvider {
+                        var,
+                        value,
+                        provider: provider.name(),
+                    });
+                }
             }
         }
         Resources {

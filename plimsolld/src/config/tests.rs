@@ -437,22 +437,24 @@ fn a_cpu_share_too_small_to_enforce_is_fatal_and_zero_is_the_default() {
 }
 
 #[test]
-fn pids_and_disk_are_fatal_for_wasm() {
+fn cpus_pids_and_disk_are_fatal_for_wasm() {
     let base = [("SANDBOX_PROVIDER", "wasm"), ("PLIMSOLL_INSECURE", "1")];
     let mut pairs = base.to_vec();
+    pairs.push(("SANDBOX_CPUS", "1.5"));
     pairs.push(("SANDBOX_PIDS", "64"));
     pairs.push(("SANDBOX_DISK_MB", "100"));
     let found = problems(&pairs);
-    assert_eq!(found.len(), 2, "{found:?}");
-    assert_eq!(found[0].variable(), "SANDBOX_PIDS");
-    assert_eq!(found[1].variable(), "SANDBOX_DISK_MB");
-    assert!(
-        found[0]
-            .to_string()
-            .contains("not supported by the wasm provider")
+    assert_eq!(found.len(), 3, "{found:?}");
+    assert_eq!(found[0].variable(), "SANDBOX_CPUS");
+    assert_eq!(found[1].variable(), "SANDBOX_PIDS");
+    assert_eq!(found[2].variable(), "SANDBOX_DISK_MB");
+    assert_eq!(
+        found[0].to_string(),
+        "SANDBOX_CPUS=1.5 is not supported by the wasm provider; unset it or set 0"
     );
     // Zero is the same as unset.
     let mut zeros = base.to_vec();
+    zeros.push(("SANDBOX_CPUS", "0"));
     zeros.push(("SANDBOX_PIDS", "0"));
     zeros.push(("SANDBOX_DISK_MB", "0"));
     ok(&zeros);

@@ -54,6 +54,12 @@ pub trait ProviderSettings: fmt::Debug + Send + Sync + 'static {
         None
     }
 
+    /// Whether the provider enforces `SANDBOX_CPUS`; a value above 0 is refused at startup
+    /// otherwise (providers.md §3.2: wasm's CPU is bounded only by the deadline).
+    fn enforces_cpus(&self) -> bool {
+        true
+    }
+
     /// Whether the provider enforces `SANDBOX_PIDS` (config.md §2.3); a value above 0 is
     /// refused at startup otherwise.
     fn enforces_pids(&self) -> bool;

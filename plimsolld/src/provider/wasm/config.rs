@@ -25,6 +25,11 @@ impl ProviderSettings for WasmConfig {
     }
 
     // One process in plimsolld, no file system: neither limit means anything to the guest.
+    fn enforces_cpus(&self) -> bool {
+        // Only the deadline bounds a run's CPU.
+        false
+    }
+
     fn enforces_pids(&self) -> bool {
         false
     }
