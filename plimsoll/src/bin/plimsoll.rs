@@ -7,6 +7,10 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::Duration;
 
+// Beside the binary, not under src/bin/ where it would be taken for another binary.
+#[path = "plimsoll/files.rs"]
+mod files;
+
 use clap::{Args, Parser, Subcommand};
 use plimsoll::attest;
 use plimsoll::client::{
@@ -330,36 +334,14 @@ fn write(path: &Path, data: &[u8]) -> Result<(), Failed> {
     std::fs::write(path, data).map_err(|e| usage(format!("{}: {e}", path.display())))
 }
 
-/// Writes a file only its owner may read (a session state file holds the session id, which
-/// names the session to the daemon; a private key is a secret). The bytes go to a new file
-/// beside it, reach the disk, then replace it whole: an interrupted or failed write leaves
-/// the old file as it was, and a symbolic link at `path` is replaced, never followed.
+/// Writes a file only its owner may read, replacing what is at `path` whole (never
+/// through a symbolic link): see [`files`].
 fn write_private(path: &Path, data: &[u8]) -> Result<(), Failed> {
-    use std::io::Write;
-    use std::os::unix::fs::OpenOptionsExt;
     let failed = |e: std::io::Error| usage(format!("{}: {e}", path.display()));
-    let name = path
-        .file_name()
-        .ok_or_else(|| usage(format!("{}: not a file name", path.display())))?;
-    let mut temp_name = std::ffi::OsString::from(".");
-    temp_name.push(name);
-    temp_name.push(format!(".{}.tmp", std::process::id()));
-    let temp = path.with_file_name(temp_name);
-    let written = (|| {
-        let mut file = std::fs::OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .mode(0o600)
-            .custom_flags(libc::O_NOFOLLOW)
-            .open(&temp)?;
-        file.write_all(data)?;
-        file.sync_all()?;
-        std::fs::rename(&temp, path)
-    })();
-    if written.is_err() {
-        let _ = std::fs::remove_file(&temp);
-    }
-    written.map_err(failed)
+    files::Pending::beside(path)
+        .map_err(failed)?
+        .commit(data)
+        .map_err(failed)
 }
 
 fn source(file: Option<&Path>, code: Option<&str>) -> Result<String, Failed> {
@@ -534,43 +516,37 @@ fn verify(file: &Path, json: bool) -> Result<u8, Failed> {
     Ok(EXIT_OK)
 }
 
-/// A session state file, locked for this command: a second command on the same file waits
-/// until this one has saved, so neither saves over the other's call.
+/// A session state file, locked for this command, with its replacement made ahead.
 struct Locked {
     _lock: std::fs::File,
+    path: PathBuf,
+    save: files::Pending,
     file: SessionFile,
 }
 
-fn load_session(path: &Path) -> Result<Locked, Failed> {
-    use std::io::Read;
-    use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
-    let failed = |e: std::io::Error| usage(format!("{}: {e}", path.display()));
-    // The file is replaced whole on every save: a lock taken on a file since replaced is
-    // on a stale copy, so take it again on the new one.
-    for _ in 0..100 {
-        let mut f = std::fs::OpenOptions::new()
-            .read(true)
-            .custom_flags(libc::O_NOFOLLOW)
-            .open(path)
-            .map_err(failed)?;
-        f.lock().map_err(failed)?;
-        let (held, now) = (f.metadata().map_err(failed)?, path.symlink_metadata());
-        if now.is_ok_and(|now| (now.dev(), now.ino()) == (held.dev(), held.ino())) {
-            let mut text = String::new();
-            f.read_to_string(&mut text).map_err(failed)?;
-            let file = serde_json::from_str(&text)
-                .map_err(|e| usage(format!("{}: {e}", path.display())))?;
-            return Ok(Locked { _lock: f, file });
-        }
+impl Locked {
+    fn save(self) -> Result<(), Failed> {
+        let data = to_json(&self.file)?;
+        self.save
+            .commit(data.as_bytes())
+            .map_err(|e| usage(format!("{}: {e}", self.path.display())))
     }
-    Err(usage(format!(
-        "{}: replaced again and again while waiting for its lock",
-        path.display()
-    )))
 }
 
-fn save_session(path: &Path, sf: &SessionFile) -> Result<(), Failed> {
-    write_private(path, to_json(sf)?.as_bytes())
+/// Locks and reads a session's state file, and makes its replacement before any call is
+/// sent (a directory that cannot take it fails the command here, with nothing run).
+fn load_session(path: &Path) -> Result<Locked, Failed> {
+    let failed = |e: std::io::Error| usage(format!("{}: {e}", path.display()));
+    let (lock, text) = files::lock(path).map_err(failed)?;
+    let file =
+        serde_json::from_str(&text).map_err(|e| usage(format!("{}: {e}", path.display())))?;
+    let save = files::Pending::beside(path).map_err(failed)?;
+    Ok(Locked {
+        _lock: lock,
+        path: path.to_owned(),
+        save,
+        file,
+    })
 }
 
 async fn session(cli: &Cli, cmd: &SessionCommand) -> Result<u8, Failed> {
@@ -589,12 +565,16 @@ async fn session(cli: &Cli, cmd: &SessionCommand) -> Result<u8, Failed> {
             if let Some(w) = owner {
                 o = o.owner(w.clone());
             }
+            // Made before the open: a state file that cannot be written fails here.
+            let save = files::Pending::beside(state)
+                .map_err(|e| usage(format!("{}: {e}", state.display())))?;
             let s = c.open_session(&o).await?;
             let sf = SessionFile {
                 state: s.state().await,
                 answers: Vec::new(),
             };
-            save_session(state, &sf)?;
+            save.commit(to_json(&sf)?.as_bytes())
+                .map_err(|e| usage(format!("{}: {e}", state.display())))?;
             if cli.json {
                 println!(
                     "{}",
@@ -636,7 +616,7 @@ async fn session(cli: &Cli, cmd: &SessionCommand) -> Result<u8, Failed> {
                 Ok(a) => sf.answers.push(a.clone()),
                 Err(e) => sf.answers.extend(e.unanswered_call().cloned()),
             }
-            save_session(state, sf)?;
+            locked.save()?;
             let mut answer = result?;
             // Printed answers go to terminals and job logs: never the session id.
             answer.request.session_id.clear();
@@ -644,11 +624,10 @@ async fn session(cli: &Cli, cmd: &SessionCommand) -> Result<u8, Failed> {
         }
         SessionCommand::Close { state } => {
             let mut locked = load_session(state)?;
-            let sf = &mut locked.file;
-            let s = c.resume_session(sf.state.clone());
+            let s = c.resume_session(locked.file.state.clone());
             let result = s.close().await;
-            sf.state = s.state().await;
-            save_session(state, sf)?;
+            locked.file.state = s.state().await;
+            locked.save()?;
             let summary = result?;
             if cli.json {
                 println!("{}", to_json(&summary)?);
