@@ -131,10 +131,15 @@ fn warn_open_profiles(registry: &Registry) {
 /// Metadata plus a content hash: catches edits that keep size and mtime.
 fn fingerprint(path: &std::path::Path) -> Option<Fingerprint> {
     let meta = std::fs::metadata(path).ok()?;
-    // Past the cap the load refuses the file whatever it holds: its size tells the change.
-    let bytes = crate::grants::read_capped(path, crate::grants::MAX_FILE_BYTES)
-        .ok()?
-        .unwrap_or_default();
+    // Past the cap the load refuses the file whatever it holds: its size and time tell a
+    // change, and it is not read.
+    let bytes = if meta.len() > crate::grants::MAX_FILE_BYTES {
+        Vec::new()
+    } else {
+        crate::grants::read_capped(path, crate::grants::MAX_FILE_BYTES)
+            .ok()?
+            .unwrap_or_default()
+    };
     Some(Fingerprint {
         len: meta.len(),
         modified: meta.modified().ok(),

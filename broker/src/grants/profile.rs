@@ -111,8 +111,8 @@ fn check_base_url(base_url: Option<&str>) -> Result<Origin, String> {
     let raw = base_url
         .filter(|s| !s.is_empty())
         .ok_or("base_url is missing")?;
-    // Until the value is known to be an origin it is not echoed: a query or user
-    // information may hold a credential, and these refusals reach the log.
+    // The value is never echoed: a query, user information or a malformed scheme may hold
+    // a credential, and these refusals reach the log.
     let (scheme, authority) = raw
         .split_once("://")
         .ok_or("base_url is not a URL with a host")?;
@@ -124,11 +124,11 @@ fn check_base_url(base_url: Option<&str>) -> Result<Origin, String> {
     if authority.contains('@') {
         return Err("base_url has user information".to_owned());
     }
-    let url = url::Url::parse(raw).map_err(|e| format!("base_url {raw:?}: {e}"))?;
+    let url = url::Url::parse(raw).map_err(|e| format!("base_url: {e}"))?;
     let host = url
         .host_str()
         .filter(|h| !h.is_empty())
-        .ok_or_else(|| format!("base_url {raw:?} has no host"))?
+        .ok_or("base_url has no host")?
         .to_owned();
     let scheme = scheme.to_ascii_lowercase();
     match scheme.as_str() {
@@ -136,14 +136,12 @@ fn check_base_url(base_url: Option<&str>) -> Result<Origin, String> {
         "http" if is_loopback(&host) => {}
         "http" => {
             return Err(format!(
-                "base_url {raw:?}: plain http is allowed only for localhost or a loopback IP"
+                "base_url http://{host}: plain http is allowed only for localhost or a loopback IP"
             ));
         }
-        _ => return Err(format!("base_url {raw:?}: the scheme must be https")),
+        _ => return Err("base_url: the scheme must be https".to_owned()),
     }
-    let port = url
-        .port_or_known_default()
-        .ok_or_else(|| format!("base_url {raw:?} has no port"))?;
+    let port = url.port_or_known_default().ok_or("base_url has no port")?;
     Ok(Origin { scheme, host, port })
 }
 

@@ -146,6 +146,8 @@ fn base_url_must_be_an_origin() {
         "https://u:hunter2@api.example.com",
         "https://api.example.com/?key=hunter2",
         "u:hunter2@api.example.com",
+        "key-hunter2@https://api.example.com",
+        "u:hunter2@x://api.example.com",
     ] {
         let detail = refused_with("base_url", json!(url));
         assert!(!detail.contains("hunter2"), "{detail}");

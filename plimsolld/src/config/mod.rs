@@ -620,9 +620,21 @@ impl<'a> Reader<'a> {
             let settings = provider.settings();
             // A limit nothing enforces would still be stated in Describe: refused instead.
             for (var, set, enforced) in [
-                (ENV_CPUS, (cpus > 0.0).then(|| shown(&cpus_text)), settings.enforces_cpus()),
-                (ENV_PIDS, (pids > 0).then(|| pids.to_string()), settings.enforces_pids()),
-                (ENV_DISK_MB, (disk_mb > 0).then(|| disk_mb.to_string()), settings.enforces_disk()),
+                (
+                    ENV_CPUS,
+                    (cpus > 0.0).then(|| shown(&cpus_text)),
+                    settings.enforces_cpus(),
+                ),
+                (
+                    ENV_PIDS,
+                    (pids > 0).then(|| pids.to_string()),
+                    settings.enforces_pids(),
+                ),
+                (
+                    ENV_DISK_MB,
+                    (disk_mb > 0).then(|| disk_mb.to_string()),
+                    settings.enforces_disk(),
+                ),
             ] {
                 if let (Some(value), false) = (set, enforced) {
                     self.problems.push(ConfigProblem::UnsupportedByProvider {
@@ -727,6 +739,17 @@ pub(crate) fn shown_url(value: &str) -> String {
     let (scheme, rest) = match value.find("://") {
         Some(at) => value.split_at(at + 3),
         None => ("", value),
+    };
+    // What stands before `://` is shown only when it is a scheme (`key@https://…` is not).
+    let name = scheme.trim_end_matches("://");
+    let is_scheme = name.starts_with(|c: char| c.is_ascii_alphabetic())
+        && name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '+' | '-' | '.'));
+    let scheme = if scheme.is_empty() || is_scheme {
+        scheme
+    } else {
+        "<redacted>://"
     };
     let authority_end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
     let (authority, tail) = rest.split_at(authority_end);

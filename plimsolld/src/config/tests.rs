@@ -616,6 +616,10 @@ fn a_refused_url_never_shows_a_credential_it_carries() {
         "https://<redacted>@h.example/a?<redacted>"
     );
     assert_eq!(
+        crate::config::shown_url("key-hunter2@https://h.example"),
+        "<redacted>://h.example"
+    );
+    assert_eq!(
         crate::config::shown_url("unix:///var/run/docker.sock"),
         "unix:///var/run/docker.sock"
     );
