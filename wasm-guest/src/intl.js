@@ -12,8 +12,39 @@ globalThis.scriptArgs = [];
   const grouped = (digits) => digits.replace(/\B(?=(\d{3})+(?!\d))/g, ',');
   const digits = (value, name) => {
     const n = Number(value);
-    if (!(n >= 0 && n <= 100) || Math.floor(n) !== n) throw new RangeError(`${name} value is out of range.`);
-    return n;
+    if (!(n >= 0 && n <= 100)) throw new RangeError(`${name} value is out of range.`);
+    return Math.floor(n);
+  };
+  // `x` (finite, not negative) rounded half away from zero to `places` fraction digits, as
+  // [integer digits, fraction digits], from its shortest decimal form (as Intl rounds: 1.005
+  // is "1.01", where toFixed gives "1.00"), in plain digits however large.
+  const fixed = (x, places) => {
+    const [mantissa, exponent = '0'] = String(x).split('e');
+    const [whole, part = ''] = mantissa.split('.');
+    let all = whole + part;
+    let point = whole.length + Number(exponent);
+    if (point < 0) {
+      all = '0'.repeat(-point) + all;
+      point = 0;
+    }
+    const keep = point + places;
+    all = all.padEnd(keep, '0');
+    const up = all.length > keep && all[keep] >= '5';
+    all = all.slice(0, keep);
+    if (up) {
+      const carried = all.split('');
+      let at = carried.length - 1;
+      while (at >= 0 && carried[at] === '9') carried[at--] = '0';
+      if (at < 0) {
+        carried.unshift('1');
+        point += 1;
+      } else {
+        carried[at] = String(Number(carried[at]) + 1);
+      }
+      all = carried.join('');
+    }
+    const int = all.slice(0, point).replace(/^0+(?=\d)/, '') || '0';
+    return [int, all.slice(point)];
   };
   function NumberFormat(locales, options) {
     if (!new.target) return new NumberFormat(locales, options);
@@ -33,21 +64,32 @@ globalThis.scriptArgs = [];
       value: { style, currency, min, max, grouping: o.useGrouping !== false },
     });
   }
-  NumberFormat.prototype.format = function format(value) {
+  function format(value) {
     const { style, currency, min, max, grouping } = this.__options;
     let n = Number(value);
     if (Number.isNaN(n)) return 'NaN';
     if (style === 'percent') n *= 100;
     let text = '∞';
     if (Number.isFinite(n)) {
-      let [int, frac = ''] = Math.abs(n).toFixed(max).split('.');
+      let [int, frac] = fixed(Math.abs(n), max);
       while (frac.length > min && frac.endsWith('0')) frac = frac.slice(0, -1);
       text = (grouping ? grouped(int) : int) + (frac ? `.${frac}` : '');
     }
     if (style === 'currency') text = (symbols[currency] || `${currency}\u00a0`) + text;
     if (style === 'percent') text += '%';
-    return (n < 0 ? '-' : '') + text;
-  };
+    return (n < 0 || Object.is(n, -0) ? '-' : '') + text;
+  }
+  // As in Intl, `format` is a getter answering a function bound to its formatter, so
+  // `values.map(nf.format)` works.
+  Object.defineProperty(NumberFormat.prototype, 'format', {
+    get() {
+      if (!Object.prototype.hasOwnProperty.call(this, '__format')) {
+        Object.defineProperty(this, '__format', { value: format.bind(this) });
+      }
+      return this.__format;
+    },
+    configurable: true,
+  });
   NumberFormat.prototype.resolvedOptions = function resolvedOptions() {
     const { style, currency, min, max, grouping } = this.__options;
     const out = { locale: 'en-US', numberingSystem: 'latn', style };

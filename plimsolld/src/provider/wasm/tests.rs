@@ -142,11 +142,14 @@ async fn intl_number_format_and_script_args_are_there() {
                 console.log(usd.format(1234.5), usd.format(-0.5));\n\
                 console.log((1234567.891).toLocaleString(), (0.256).toLocaleString('en-US', { style: 'percent' }));\n\
                 console.log(new Intl.NumberFormat('en-US', { style: 'currency', currency: 'JPY' }).format(1234.5));\n\
-                console.log((1234.5).toLocaleString('en-US', { minimumFractionDigits: 2 }), JSON.stringify(scriptArgs));";
+                console.log((1234.5).toLocaleString('en-US', { minimumFractionDigits: 2 }), JSON.stringify(scriptArgs));\n\
+                console.log((1.005).toLocaleString('en-US', { maximumFractionDigits: 2 }), (-0).toLocaleString(), (1e21).toLocaleString());\n\
+                console.log([1234, 0.5].map(usd.format).join(' '), (9.995).toLocaleString('en-US', { maximumFractionDigits: 2.7 }));";
     let out = run(&provider, code, Duration::from_secs(5)).await;
     assert_eq!(
         String::from_utf8_lossy(&out.stdout),
-        "$1,234.50 -$0.50\n1,234,567.891 26%\n¥1,235\n1,234.50 []\n",
+        "$1,234.50 -$0.50\n1,234,567.891 26%\n¥1,235\n1,234.50 []\n\
+         1.01 -0 1,000,000,000,000,000,000,000\n$1,234.00 $0.50 10\n",
         "{:?}",
         String::from_utf8_lossy(&out.stderr)
     );
