@@ -618,6 +618,16 @@ impl<'a> Reader<'a> {
         let disk_mb = self.integer(ENV_DISK_MB, 0);
         if let Some(provider) = provider {
             let settings = provider.settings();
+            if let Some(most) = settings.max_memory_mb().filter(|most| memory_mb > *most) {
+                self.problems.push(ConfigProblem::ProviderSetting {
+                    var: ENV_MEMORY_MB,
+                    value: memory_mb.to_string(),
+                    reason: format!(
+                        "is more than a {} run can address ({most})",
+                        provider.name()
+                    ),
+                });
+            }
             // A limit nothing enforces would still be stated in Describe: refused instead.
             for (var, set, enforced) in [
                 (

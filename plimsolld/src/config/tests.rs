@@ -452,6 +452,16 @@ fn cpus_pids_and_disk_are_fatal_for_wasm() {
         found[0].to_string(),
         "SANDBOX_CPUS=1.5 is not supported by the wasm provider; unset it or set 0"
     );
+    // Memory up to what a 32-bit memory addresses, and no more.
+    let mut most = base.to_vec();
+    most.push(("SANDBOX_MEMORY_MB", "4096"));
+    ok(&most);
+    let mut over = base.to_vec();
+    over.push(("SANDBOX_MEMORY_MB", "4097"));
+    assert_eq!(
+        problem(&over),
+        "SANDBOX_MEMORY_MB=\"4097\" is more than a wasm run can address (4096)"
+    );
     // Zero is the same as unset.
     let mut zeros = base.to_vec();
     zeros.push(("SANDBOX_CPUS", "0"));

@@ -54,6 +54,12 @@ pub trait ProviderSettings: fmt::Debug + Send + Sync + 'static {
         None
     }
 
+    /// The most `SANDBOX_MEMORY_MB` a run can be given; more is refused at startup (Describe
+    /// would state memory no run gets).
+    fn max_memory_mb(&self) -> Option<u32> {
+        None
+    }
+
     /// Whether the provider enforces `SANDBOX_CPUS`; a value above 0 is refused at startup
     /// otherwise (providers.md §3.2: wasm's CPU is bounded only by the deadline).
     fn enforces_cpus(&self) -> bool {

@@ -74,12 +74,19 @@ fn enter(ctx: &RequestContext) -> Result<Principal, ConnectError> {
 /// code and mark; anything else is an unmarked `internal` error whose detail
 /// goes only to the log, under a fresh id.
 fn answer_error(err: ProviderError, metrics: &Metrics) -> ConnectError {
+    if matches!(err, ProviderError::Infrastructure(_)) {
+        metrics.run_failed();
+    }
+    provider_error(err)
+}
+
+/// A provider's error as the caller's answer, counted nowhere: for what is not a run (a
+/// session's open), which `plimsoll_runs_failed_total` must not count (config.md §7: its
+/// failures are runs' failures, beside `plimsoll_runs_total`).
+fn provider_error(err: ProviderError) -> ConnectError {
     match err {
         ProviderError::Refused(r) => r.into(),
-        ProviderError::Infrastructure(cause) => {
-            metrics.run_failed();
-            internal(&cause.to_string())
-        }
+        ProviderError::Infrastructure(cause) => internal(&cause.to_string()),
     }
 }
 

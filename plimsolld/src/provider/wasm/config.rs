@@ -24,6 +24,11 @@ impl ProviderSettings for WasmConfig {
         IsolationTier::Process
     }
 
+    fn max_memory_mb(&self) -> Option<u32> {
+        // What a 32-bit linear memory can address.
+        Some(4096)
+    }
+
     // One process in plimsolld, no file system: neither limit means anything to the guest.
     fn enforces_cpus(&self) -> bool {
         // Only the deadline bounds a run's CPU.
