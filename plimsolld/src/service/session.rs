@@ -19,7 +19,7 @@ use plimsoll::wire::{
 };
 
 use super::run::{GRANT_SLACK, check_floor, check_profile, check_software};
-use super::{State, answer_error, internal};
+use super::{State, internal, provider_error};
 use crate::auth::Principal;
 use crate::grant::{Closed, GuestGrant, OpenGrant, SessionSlot};
 use crate::provider::{CellCall, Hold, ProjectPlan, SessionFault, SessionSandbox};
@@ -118,7 +118,7 @@ pub(super) async fn open(
     let entry = opening
         .await
         .map_err(|e| internal(&format!("session open task failed: {e}")))?
-        .map_err(|e| answer_error(e, &state.metrics))?;
+        .map_err(provider_error)?;
     tracing::info!(
         op = "open_session",
         caller = principal.audit_key(),
@@ -361,7 +361,9 @@ impl Call {
             sandbox.release_kept().await;
         }
         let answer = match ran {
-            Ok(result) => Ok(self.answer(&mut turn, result, host_calls.as_ref())),
+            Ok((result, measured)) => {
+                Ok(self.answer(&mut turn, result, measured, host_calls.as_ref()))
+            }
             // Nothing of the call ran, but a cell may have started launching an interpreter:
             // the sweep still proves the boundary before the next call.
             Err(SessionFault::Refused(r)) => Err(r.into()),
@@ -439,17 +441,21 @@ impl Call {
         }
     }
 
+    /// The answer, sealed into the chain; `measured` is the provider's measure of the run,
+    /// `None` for the handler's clock.
     fn answer(
         &self,
         turn: &mut TurnGuard,
         result: run_response::Result,
+        measured: Option<Duration>,
         host_calls: Option<&RunSummary>,
     ) -> SessionRunResponse {
         let s = &self.entry.stated;
+        let duration = measured.unwrap_or_else(|| self.arrived.started.elapsed());
         let resp = RunResponse {
             sandbox: s.sandbox.to_owned(),
             isolation: s.tier.as_str().to_owned(),
-            duration_ms: duration_ms_i64(self.arrived.started.elapsed()),
+            duration_ms: duration_ms_i64(duration),
             software_identity: s.software_identity.clone(),
             environment: s.environment.clone(),
             instance: s.instance.clone(),
@@ -505,22 +511,28 @@ impl Call {
     }
 }
 
+/// Runs the job; answers its result and, for snippets and cells, the provider's own measure
+/// of it (wire.md §5.3: a project's duration is the handler's clock).
 async fn run_job(
     sandbox: &mut dyn SessionSandbox,
     job: Job,
-) -> Result<run_response::Result, SessionFault> {
+) -> Result<(run_response::Result, Option<Duration>), SessionFault> {
     Ok(match job {
         Job::Snippet(code, timeout, grant) => {
             let mut out = sandbox.snippet(code, timeout, grant).await?;
-            run_response::Result::Javascript(Box::new(out.take_result()))
+            let duration = out.duration;
+            (
+                run_response::Result::Javascript(Box::new(out.take_result())),
+                Some(duration),
+            )
         }
         Job::Project(plan) => {
             let report = sandbox.project(plan).await?;
-            run_response::Result::Project(Box::new(report.result))
+            (run_response::Result::Project(Box::new(report.result)), None)
         }
         Job::Cell(call) => {
             let out = sandbox.cell(call).await?;
-            run_response::Result::Cell(Box::new(CellResult {
+            let cell = CellResult {
                 stdout: out.stdout,
                 stderr: out.stderr,
                 exit_code: out.exit_code,
@@ -530,7 +542,11 @@ async fn run_job(
                 interpreter_started: out.interpreter_started,
                 interpreter_ended: out.interpreter_ended,
                 ..Default::default()
-            }))
+            };
+            (
+                run_response::Result::Cell(Box::new(cell)),
+                Some(out.duration),
+            )
         }
     })
 }
