@@ -111,7 +111,7 @@ enum Parse {
 }
 
 /// The budgets of one connection and where its byte stream stands.
-struct Meter {
+pub(super) struct Meter {
     parse: Parse,
     settings: Bucket,
     pings: Bucket,
@@ -119,7 +119,7 @@ struct Meter {
 }
 
 impl Meter {
-    fn new(now: Instant) -> Meter {
+    pub(super) fn new(now: Instant) -> Meter {
         Meter {
             parse: Parse::Preface { matched: 0 },
             settings: Bucket::new(SETTINGS_BUDGET, now),
@@ -129,7 +129,7 @@ impl Meter {
     }
 
     /// Accounts for `bytes`, the next bytes the peer sent.
-    fn feed(&mut self, mut bytes: &[u8]) -> Result<(), FrameFlood> {
+    pub(super) fn feed(&mut self, mut bytes: &[u8]) -> Result<(), FrameFlood> {
         while !bytes.is_empty() {
             match &mut self.parse {
                 Parse::Http1 => return Ok(()),

@@ -26,6 +26,8 @@ pub mod connections;
 pub mod decode_gate;
 pub mod exchange;
 pub mod frame_meter;
+#[cfg(feature = "fuzzing")]
+pub mod fuzzing;
 pub mod listener;
 pub mod metrics_listener;
 pub mod probes;

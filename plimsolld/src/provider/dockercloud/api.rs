@@ -351,7 +351,13 @@ pub async fn stream(
     if status != StatusCode::OK {
         return Err(connect_error(procedure, status, &body));
     }
-    let mut rest: &[u8] = &body;
+    messages(procedure, &body)
+}
+
+/// The messages of `procedure`'s stream answer `body` (its status 200), up to the
+/// end-of-stream envelope, which is required; an error in it fails the call.
+pub(super) fn messages(procedure: &str, body: &[u8]) -> Result<Vec<Value>, ApiError> {
+    let mut rest: &[u8] = body;
     let mut messages = Vec::new();
     while rest.len() >= 5 {
         let flags = rest[0];
@@ -365,7 +371,7 @@ pub async fn stream(
             if let Some(error) = value.get("error") {
                 return Err(connect_error(
                     procedure,
-                    status,
+                    StatusCode::OK,
                     error.to_string().as_bytes(),
                 ));
             }

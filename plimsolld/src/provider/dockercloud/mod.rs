@@ -17,6 +17,8 @@
 mod api;
 pub mod config;
 mod endpoint;
+#[cfg(feature = "fuzzing")]
+pub mod fuzzing;
 mod rest;
 mod rest_endpoint;
 mod runs;

@@ -144,7 +144,10 @@ fn find(haystack: &[u8], needle: &[u8]) -> Option<usize> {
 
 /// A multipart body's parts (`name` from Content-Disposition, bytes); the closing delimiter
 /// is required, so a cut answer is never taken for a whole one.
-fn parts<'a>(body: &'a [u8], boundary: &str) -> Result<Vec<(String, &'a [u8])>, &'static str> {
+pub(super) fn parts<'a>(
+    body: &'a [u8],
+    boundary: &str,
+) -> Result<Vec<(String, &'a [u8])>, &'static str> {
     let delimiter = format!("--{boundary}").into_bytes();
     let next = [b"\r\n".as_slice(), &delimiter].concat();
     let start = find(body, &delimiter).ok_or("no delimiter")?;

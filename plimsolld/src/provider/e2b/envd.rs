@@ -24,6 +24,8 @@ use super::http::{Client, HttpError};
 use crate::provider::guest::output::Capped;
 
 mod held;
+#[cfg(feature = "fuzzing")]
+pub(super) use held::HeldStream;
 pub use held::{HeldStdin, HeldStdout};
 
 /// envd's port.
@@ -379,26 +381,61 @@ struct ConnectError {
 
 /// Reads frames until the end-of-stream frame; the ending they show.
 async fn follow(mut body: hyper::body::Incoming, out: &mut Finished) -> Result<Ending, EnvdError> {
-    let mut buf = BytesMut::new();
-    let mut total = 0usize;
-    let mut exit: Option<i32> = None;
+    let mut envelopes = Envelopes::default();
     loop {
-        while buf.len() >= 5 {
-            let flags = buf[0];
-            let len = u32::from_be_bytes([buf[1], buf[2], buf[3], buf[4]]) as usize;
-            if len > MAX_FRAME {
-                return Ok(flood(out));
+        match body.frame().await {
+            Some(Ok(frame)) => {
+                if let Ok(data) = frame.into_data()
+                    && let Some(ending) = envelopes.feed(&data, out)?
+                {
+                    return Ok(ending);
+                }
             }
-            if buf.len() < 5 + len {
+            // The connection dropped: an exit already seen still counts (the end frame was
+            // lost), otherwise the VM went away.
+            Some(Err(_)) | None => return Ok(envelopes.dropped()),
+        }
+    }
+}
+
+/// A process stream as it arrives: Connect envelopes, each an event or the end of the stream.
+#[derive(Default)]
+pub(super) struct Envelopes {
+    buf: BytesMut,
+    total: usize,
+    exit: Option<i32>,
+}
+
+impl Envelopes {
+    /// Takes the stream's next `data`, its output into `out`; the ending once the stream
+    /// shows one.
+    pub(super) fn feed(
+        &mut self,
+        data: &[u8],
+        out: &mut Finished,
+    ) -> Result<Option<Ending>, EnvdError> {
+        self.total += data.len();
+        if self.total > MAX_STREAM {
+            return Ok(Some(flood(out)));
+        }
+        self.buf.extend_from_slice(data);
+        while self.buf.len() >= 5 {
+            let flags = self.buf[0];
+            let len =
+                u32::from_be_bytes([self.buf[1], self.buf[2], self.buf[3], self.buf[4]]) as usize;
+            if len > MAX_FRAME {
+                return Ok(Some(flood(out)));
+            }
+            if self.buf.len() < 5 + len {
                 break;
             }
-            buf.advance(5);
-            let payload = buf.split_to(len);
+            self.buf.advance(5);
+            let payload = self.buf.split_to(len);
             if flags & 0x02 != 0 {
                 let end: EndStream =
                     serde_json::from_slice(if payload.is_empty() { b"{}" } else { &payload })
                         .map_err(|e| EnvdError::Framing(format!("end frame: {e}")))?;
-                return Ok(match (end.error, exit) {
+                return Ok(Some(match (end.error, self.exit) {
                     (Some(e), _) if e.code == "deadline_exceeded" => Ending::TimedOut,
                     (Some(e), None) => {
                         return Err(EnvdError::Refused(super::http::scrub(&format!(
@@ -408,7 +445,7 @@ async fn follow(mut body: hyper::body::Incoming, out: &mut Finished) -> Result<E
                     }
                     (_, Some(code)) => Ending::Exited(code),
                     (None, None) => Ending::Lost,
-                });
+                }));
             }
             let frame: Frame = serde_json::from_slice(&payload)
                 .map_err(|e| EnvdError::Framing(format!("event: {e}")))?;
@@ -427,23 +464,16 @@ async fn follow(mut body: hyper::body::Incoming, out: &mut Finished) -> Result<E
                 }
             }
             if let Some(end) = event.end {
-                exit = Some(end.exit_code);
+                self.exit = Some(end.exit_code);
             }
         }
-        match body.frame().await {
-            Some(Ok(frame)) => {
-                if let Ok(data) = frame.into_data() {
-                    total += data.len();
-                    if total > MAX_STREAM {
-                        return Ok(flood(out));
-                    }
-                    buf.extend_from_slice(&data);
-                }
-            }
-            // The connection dropped: an exit already seen still counts (the end frame was
-            // lost), otherwise the VM went away.
-            Some(Err(_)) | None => return Ok(exit.map_or(Ending::Lost, Ending::Exited)),
-        }
+        Ok(None)
+    }
+
+    /// The ending of a stream that broke off before its end frame: the exit already seen,
+    /// otherwise a lost VM.
+    pub(super) fn dropped(&self) -> Ending {
+        self.exit.map_or(Ending::Lost, Ending::Exited)
     }
 }
 

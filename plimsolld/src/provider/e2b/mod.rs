@@ -19,6 +19,8 @@ mod api;
 mod cells;
 pub mod config;
 mod envd;
+#[cfg(feature = "fuzzing")]
+pub mod fuzzing;
 pub(crate) mod http;
 mod orphans;
 mod runs;

@@ -23,6 +23,8 @@ mod cells;
 pub mod config;
 mod dial;
 mod exec;
+#[cfg(feature = "fuzzing")]
+pub mod fuzzing;
 mod gateway;
 mod lines;
 mod orphans;

@@ -25,10 +25,16 @@ pub struct HeldStdin {
 /// A held process's stdout (its stderr kept to a cap, for the log).
 pub struct HeldStdout {
     body: hyper::body::Incoming,
-    buf: BytesMut,
-    pending: Vec<Vec<u8>>,
-    stderr: Capped,
-    ended: bool,
+    stream: HeldStream,
+}
+
+/// What a held process's stream said so far: the bytes of an envelope not yet whole, stdout
+/// not yet taken, stderr up to its cap, and whether the stream ended.
+pub(crate) struct HeldStream {
+    pub(crate) buf: BytesMut,
+    pub(crate) pending: Vec<Vec<u8>>,
+    pub(crate) stderr: Capped,
+    pub(crate) ended: bool,
 }
 
 impl super::Envd {
@@ -41,10 +47,7 @@ impl super::Envd {
         let body = self.start(command, true, UNARY_BUDGET).await?;
         let mut stdout = HeldStdout {
             body,
-            buf: BytesMut::new(),
-            pending: Vec::new(),
-            stderr: Capped::new(command.stderr_cap),
-            ended: false,
+            stream: HeldStream::new(command.stderr_cap),
         };
         let pid = match tokio::time::timeout(UNARY_BUDGET, stdout.until_pid()).await {
             Ok(Some(pid)) => pid,
@@ -126,13 +129,13 @@ impl HeldStdout {
     /// Reads until the start event; its pid, or `None` when the stream ended first.
     async fn until_pid(&mut self) -> Option<u32> {
         loop {
-            match self.parse() {
+            match self.stream.parse() {
                 Ok(Some(pid)) => return Some(pid),
-                Ok(None) if self.ended => return None,
+                Ok(None) if self.stream.ended => return None,
                 Ok(None) => {}
                 Err(e) => {
                     tracing::debug!(error = %e, "a held process's stream broke");
-                    self.ended = true;
+                    self.stream.ended = true;
                     return None;
                 }
             }
@@ -143,18 +146,18 @@ impl HeldStdout {
     /// The next stdout bytes, or `None` once the stream ended.
     pub async fn next(&mut self) -> Option<Vec<u8>> {
         loop {
-            if !self.pending.is_empty() {
-                return Some(self.pending.remove(0));
+            if !self.stream.pending.is_empty() {
+                return Some(self.stream.pending.remove(0));
             }
-            if self.ended {
+            if self.stream.ended {
                 return None;
             }
-            if let Err(e) = self.parse() {
+            if let Err(e) = self.stream.parse() {
                 tracing::debug!(error = %e, "a held process's stream broke");
-                self.ended = true;
+                self.stream.ended = true;
                 continue;
             }
-            if self.pending.is_empty() && !self.ended {
+            if self.stream.pending.is_empty() && !self.stream.ended {
                 self.read().await;
             }
         }
@@ -162,7 +165,7 @@ impl HeldStdout {
 
     /// What the process wrote to stderr so far (up to the cap).
     pub fn stderr(&self) -> &[u8] {
-        self.stderr.bytes()
+        self.stream.stderr.bytes()
     }
 
     /// Reads one more piece of the body; the stream ends on its end or an error.
@@ -170,16 +173,30 @@ impl HeldStdout {
         match self.body.frame().await {
             Some(Ok(frame)) => {
                 if let Ok(data) = frame.into_data() {
-                    self.buf.extend_from_slice(&data);
+                    self.stream.buf.extend_from_slice(&data);
                 }
             }
-            Some(Err(_)) | None => self.ended = true,
+            Some(Err(_)) | None => self.stream.ended = true,
+        }
+    }
+}
+
+// === impl HeldStream ===
+
+impl HeldStream {
+    /// A stream nothing was read from yet, its stderr kept up to `stderr_cap` bytes.
+    pub(crate) fn new(stderr_cap: usize) -> HeldStream {
+        HeldStream {
+            buf: BytesMut::new(),
+            pending: Vec::new(),
+            stderr: Capped::new(stderr_cap),
+            ended: false,
         }
     }
 
     /// Takes every whole envelope off the buffer: output to `pending` or the stderr cap, the
     /// end of the process or of the stream to `ended`. Answers the pid a start event named.
-    fn parse(&mut self) -> Result<Option<u32>, EnvdError> {
+    pub(crate) fn parse(&mut self) -> Result<Option<u32>, EnvdError> {
         let mut pid = None;
         while self.buf.len() >= 5 && !self.ended {
             let flags = self.buf[0];
