@@ -333,14 +333,7 @@ fn preamble_file_stays_in_the_directory() {
     std::fs::write(inner.join("big.js"), big).unwrap();
     let err = with("big.js").unwrap_err().to_string();
     assert!(err.contains("larger than"), "{err}");
-    let fifo = inner.join("fifo.js");
-    assert!(
-        std::process::Command::new("mkfifo")
-            .arg(&fifo)
-            .status()
-            .unwrap()
-            .success()
-    );
+    mkfifo(&inner.join("fifo.js"));
     let err = with("fifo.js").unwrap_err().to_string();
     assert!(err.contains("not a regular file"), "{err}");
     let mut p = base();
@@ -348,6 +341,11 @@ fn preamble_file_stays_in_the_directory() {
     p["preamble"] = json!("x");
     let err = load_value(&json!({"profiles": {"p": p}}), &inner).unwrap_err();
     assert!(err.to_string().contains("both"), "{err}");
+}
+
+fn mkfifo(path: &Path) {
+    let made = std::process::Command::new("mkfifo").arg(path).status();
+    assert!(made.is_ok_and(|s| s.success()), "mkfifo {}", path.display());
 }
 
 #[test]
@@ -360,13 +358,9 @@ fn a_grants_file_is_read_only_up_to_its_cap_and_never_from_a_fifo() {
         load(&big, &env()),
         Err(GrantsError::TooLarge { .. })
     ));
-    let fifo = dir.path().join("fifo.json");
-    assert!(
-        std::process::Command::new("mkfifo")
-            .arg(&fifo)
-            .status()
-            .unwrap()
-            .success()
-    );
-    assert!(matches!(load(&fifo, &env()), Err(GrantsError::Read { .. })));
+    mkfifo(&dir.path().join("fifo.json"));
+    assert!(matches!(
+        load(&dir.path().join("fifo.json"), &env()),
+        Err(GrantsError::Read { .. })
+    ));
 }

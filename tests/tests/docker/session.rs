@@ -549,26 +549,28 @@ fn cells_keep_their_interpreter_across_snippet_and_project_calls() {
     assert_eq!(close_as(&d, None, &id).status, 200);
 }
 
+/// A snippet call that keeps the session's turn for 3 s, on its own thread.
+fn busy_for_3s(d: &Daemon, id: &str) -> std::thread::JoinHandle<Response> {
+    let (addr, id) = (d.addr, id.to_owned());
+    std::thread::spawn(move || {
+        let body = json!({
+            "protocol": connect::PROTOCOL,
+            "sessionId": id,
+            "timeoutMs": 10000,
+            "javascript": { "code": "const t = Date.now(); while (Date.now() - t < 3000) {}" },
+        });
+        send(addr, &connect::call("SessionRun", &body))
+    })
+}
+
 #[test]
 fn a_third_concurrent_call_is_refused_as_capacity() {
     require_docker!();
     let d = sessions();
     let (id, _) = open(&d, json!({}));
-    let addr = d.addr;
-    let slow = |id: String| {
-        std::thread::spawn(move || {
-            let body = json!({
-                "protocol": connect::PROTOCOL,
-                "sessionId": id,
-                "timeoutMs": 10000,
-                "javascript": { "code": "const t = Date.now(); while (Date.now() - t < 3000) {}" },
-            });
-            send(addr, &connect::call("SessionRun", &body))
-        })
-    };
-    let a = slow(id.clone());
+    let a = busy_for_3s(&d, &id);
     std::thread::sleep(Duration::from_millis(300));
-    let b = slow(id.clone());
+    let b = busy_for_3s(&d, &id);
     std::thread::sleep(Duration::from_millis(300));
     let third = session_run_as(&d, None, &id, json!({ "javascript": { "code": "1" } }));
     let err = ConnectError::of(&third);
@@ -596,18 +598,7 @@ fn a_call_whose_caller_left_while_it_waited_never_runs() {
     let d = sessions();
     let (id, _) = open(&d, json!({}));
     let addr = d.addr;
-    let ahead = {
-        let id = id.clone();
-        std::thread::spawn(move || {
-            let body = json!({
-                "protocol": connect::PROTOCOL,
-                "sessionId": id,
-                "timeoutMs": 10000,
-                "javascript": { "code": "const t = Date.now(); while (Date.now() - t < 3000) {}" },
-            });
-            send(addr, &connect::call("SessionRun", &body)).status
-        })
-    };
+    let ahead = busy_for_3s(&d, &id);
     std::thread::sleep(Duration::from_millis(500));
     {
         use std::io::Write as _;
@@ -622,7 +613,7 @@ fn a_call_whose_caller_left_while_it_waited_never_runs() {
         std::thread::sleep(Duration::from_millis(500));
         // Dropped here: the caller is gone while the call waits behind the first.
     }
-    assert_eq!(ahead.join().expect("the call ahead"), 200);
+    assert_eq!(ahead.join().expect("the call ahead").status, 200);
     let after = js(
         &d,
         &id,
