@@ -217,7 +217,6 @@ fn decisions() -> (Vec<Duration>, Vec<Duration>) {
         total_memory_mb: 0,
         per_run_memory_mb: 256,
         clamped: false,
-        ignored_total_memory_mb: 0,
         paid_seconds_per_day: 0,
     };
     let full = Admission::new(limits, Arc::new(Metrics::default()));

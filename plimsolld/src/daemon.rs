@@ -153,12 +153,6 @@ pub async fn run(config: Config) -> Result<(), StartupError> {
             "SANDBOX_MAX_CONCURRENT lowered to what fits in SANDBOX_TOTAL_MEMORY_MB"
         );
     }
-    if config.limits.ignored_total_memory_mb > 0 {
-        tracing::warn!(
-            total_memory_mb = config.limits.ignored_total_memory_mb,
-            "SANDBOX_TOTAL_MEMORY_MB is ignored: this provider's sandboxes use the vendor's memory, not this host's"
-        );
-    }
     // 15: bind every listener.
     let rpc = bind(&config.addr, "cannot listen").await?;
     let metrics_listener = match &config.metrics_addr {

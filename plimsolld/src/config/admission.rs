@@ -32,9 +32,6 @@ pub struct Limits {
     pub per_run_memory_mb: u32,
     /// Whether the memory budget lowered `SANDBOX_MAX_CONCURRENT`.
     pub clamped: bool,
-    /// A `SANDBOX_TOTAL_MEMORY_MB` that was set and not applied: hosted microVMs
-    /// (e2b, dockercloud) use the vendor's memory, never the host's (config.md §2.8).
-    pub ignored_total_memory_mb: u32,
     /// `SANDBOX_PAID_SECONDS_PER_DAY`; 0 = none (metered providers only).
     pub paid_seconds_per_day: u64,
 }
@@ -50,12 +47,13 @@ impl Reader<'_> {
         max_concurrent: u32,
         pool: u32,
     ) -> Limits {
-        let set_total = self.integer(ENV_TOTAL_MEMORY_MB, 0);
-        let hosted = provider.is_some_and(|p| p.settings().metered());
-        let (total, ignored_total) = if hosted {
-            (0, set_total)
+        let total = self.integer(ENV_TOTAL_MEMORY_MB, 0);
+        // Hosted microVMs (e2b, dockercloud) use the vendor's memory, never the host's
+        // (config.md §2.8): the budget is ignored, with a warning (`Config::warnings`).
+        let total = if provider.is_some_and(|p| p.settings().metered()) {
+            0
         } else {
-            (set_total, 0)
+            total
         };
         let per_run = if memory_mb > 0 {
             memory_mb
@@ -115,7 +113,6 @@ impl Reader<'_> {
             total_memory_mb: total,
             per_run_memory_mb: per_run,
             clamped,
-            ignored_total_memory_mb: ignored_total,
             paid_seconds_per_day: u64::from(paid),
         }
     }
@@ -199,7 +196,7 @@ mod tests {
     fn hosted_microvms_are_never_clamped_by_the_host_budget() {
         for provider in ["e2b", "dockercloud"] {
             // 256 MiB of host budget could not fit a 512 MiB run anywhere else.
-            let c = config(&[
+            let vars = [
                 ("SANDBOX_PROVIDER", provider),
                 ("E2B_API_KEY", "k"),
                 ("DOCKER_SBX_USERNAME", "u"),
@@ -212,12 +209,22 @@ mod tests {
                 ("PLIMSOLL_INSECURE", "1"),
                 ("SANDBOX_MEMORY_MB", "512"),
                 ("SANDBOX_TOTAL_MEMORY_MB", "256"),
-            ])
-            .unwrap_or_else(|e| panic!("{provider}: {e}"));
+            ];
+            let c = config(&vars).unwrap_or_else(|e| panic!("{provider}: {e}"));
             assert_eq!(c.limits.max_concurrent, 8, "{provider}");
             assert!(!c.limits.clamped, "{provider}");
             assert_eq!(c.limits.total_memory_mb, 0, "{provider}");
-            assert_eq!(c.limits.ignored_total_memory_mb, 256, "{provider}");
+            let env: HashMap<String, String> = vars
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect();
+            let warnings = c.warnings(&env);
+            assert!(
+                warnings
+                    .iter()
+                    .any(|w| w.starts_with("SANDBOX_TOTAL_MEMORY_MB=256 is ignored")),
+                "{provider}: {warnings:?}"
+            );
         }
         // The same budget on docker clamps and refuses as before.
         let err = config(&[

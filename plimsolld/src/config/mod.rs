@@ -380,6 +380,16 @@ impl Config {
                 self.sessions.max_sessions, self.limits.max_concurrent
             ));
         }
+        if self.provider.settings().metered()
+            && let Some(total) = env.get(ENV_TOTAL_MEMORY_MB)
+            && !matches!(total.trim(), "" | "0")
+        {
+            warnings.push(format!(
+                "{ENV_TOTAL_MEMORY_MB}={} is ignored: the {} provider's sandboxes use the vendor's memory, not this host's",
+                total.trim(),
+                self.provider.name()
+            ));
+        }
         if let Some(metrics) = &self.metrics_addr
             && !listen_addr::is_loopback_addr(metrics)
         {

@@ -489,7 +489,6 @@ mod tests {
             total_memory_mb: 0,
             per_run_memory_mb: 256,
             clamped: false,
-            ignored_total_memory_mb: 0,
             paid_seconds_per_day: 0,
         };
         Arc::new(State {

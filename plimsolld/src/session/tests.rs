@@ -122,7 +122,6 @@ fn table(config: SessionConfig, max_concurrent: u32) -> (Arc<Sessions>, Arc<Log>
         total_memory_mb: 0,
         per_run_memory_mb: 256,
         clamped: false,
-        ignored_total_memory_mb: 0,
         paid_seconds_per_day: 0,
     };
     let admission = Admission::new(limits, Arc::new(Metrics::default()));
