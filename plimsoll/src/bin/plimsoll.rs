@@ -322,8 +322,13 @@ fn options(f: &RunFlags) -> RunOptions {
     }
 }
 
+/// A failure on `path`, named with it.
+fn at<E: std::fmt::Display>(path: &Path) -> impl Fn(E) -> Failed + '_ {
+    move |e| usage(format!("{}: {e}", path.display()))
+}
+
 fn read(path: &Path) -> Result<Vec<u8>, Failed> {
-    std::fs::read(path).map_err(|e| usage(format!("{}: {e}", path.display())))
+    std::fs::read(path).map_err(at(path))
 }
 
 fn read_text(path: &Path) -> Result<String, Failed> {
@@ -331,17 +336,16 @@ fn read_text(path: &Path) -> Result<String, Failed> {
 }
 
 fn write(path: &Path, data: &[u8]) -> Result<(), Failed> {
-    std::fs::write(path, data).map_err(|e| usage(format!("{}: {e}", path.display())))
+    std::fs::write(path, data).map_err(at(path))
 }
 
 /// Writes a file only its owner may read, replacing what is at `path` whole (never
 /// through a symbolic link): see [`files`].
 fn write_private(path: &Path, data: &[u8]) -> Result<(), Failed> {
-    let failed = |e: std::io::Error| usage(format!("{}: {e}", path.display()));
     files::Pending::beside(path)
-        .map_err(failed)?
+        .map_err(at(path))?
         .commit(data)
-        .map_err(failed)
+        .map_err(at(path))
 }
 
 fn source(file: Option<&Path>, code: Option<&str>) -> Result<String, Failed> {
@@ -360,13 +364,11 @@ fn read_tree(dir: &Path) -> Result<Vec<(String, String)>, Failed> {
     let mut out = Vec::new();
     let mut stack = vec![dir.to_path_buf()];
     while let Some(d) = stack.pop() {
-        let entries = std::fs::read_dir(&d).map_err(|e| usage(format!("{}: {e}", d.display())))?;
+        let entries = std::fs::read_dir(&d).map_err(at(&d))?;
         for entry in entries {
-            let entry = entry.map_err(|e| usage(format!("{}: {e}", d.display())))?;
+            let entry = entry.map_err(at(&d))?;
             let path = entry.path();
-            let kind = entry
-                .file_type()
-                .map_err(|e| usage(format!("{}: {e}", path.display())))?;
+            let kind = entry.file_type().map_err(at(&path))?;
             if kind.is_symlink() {
                 return Err(usage(format!(
                     "{}: a symbolic link; a project is sent as regular files only (copy what it points to in place of the link, or remove it)",
@@ -487,8 +489,7 @@ fn print_answer<T: Serialize>(resp: &RunResponse, json: bool, whole: &T) -> Resu
 
 fn verify(file: &Path, json: bool) -> Result<u8, Failed> {
     let text = read_text(file)?;
-    let value: serde_json::Value =
-        serde_json::from_str(&text).map_err(|e| usage(format!("{}: {e}", file.display())))?;
+    let value: serde_json::Value = serde_json::from_str(&text).map_err(at(file))?;
     let not_verified = |e: String| {
         Failed(
             EXIT_NOT_VERIFIED,
@@ -527,20 +528,16 @@ struct Locked {
 impl Locked {
     fn save(self) -> Result<(), Failed> {
         let data = to_json(&self.file)?;
-        self.save
-            .commit(data.as_bytes())
-            .map_err(|e| usage(format!("{}: {e}", self.path.display())))
+        self.save.commit(data.as_bytes()).map_err(at(&self.path))
     }
 }
 
 /// Locks and reads a session's state file, and makes its replacement before any call is
 /// sent (a directory that cannot take it fails the command here, with nothing run).
 fn load_session(path: &Path) -> Result<Locked, Failed> {
-    let failed = |e: std::io::Error| usage(format!("{}: {e}", path.display()));
-    let (lock, text) = files::lock(path).map_err(failed)?;
-    let file =
-        serde_json::from_str(&text).map_err(|e| usage(format!("{}: {e}", path.display())))?;
-    let save = files::Pending::beside(path).map_err(failed)?;
+    let (lock, text) = files::lock(path).map_err(at(path))?;
+    let file = serde_json::from_str(&text).map_err(at(path))?;
+    let save = files::Pending::beside(path).map_err(at(path))?;
     Ok(Locked {
         _lock: lock,
         path: path.to_owned(),
@@ -566,15 +563,13 @@ async fn session(cli: &Cli, cmd: &SessionCommand) -> Result<u8, Failed> {
                 o = o.owner(w.clone());
             }
             // Made before the open: a state file that cannot be written fails here.
-            let save = files::Pending::beside(state)
-                .map_err(|e| usage(format!("{}: {e}", state.display())))?;
+            let save = files::Pending::beside(state).map_err(at(state))?;
             let s = c.open_session(&o).await?;
             let sf = SessionFile {
                 state: s.state().await,
                 answers: Vec::new(),
             };
-            save.commit(to_json(&sf)?.as_bytes())
-                .map_err(|e| usage(format!("{}: {e}", state.display())))?;
+            save.commit(to_json(&sf)?.as_bytes()).map_err(at(state))?;
             if cli.json {
                 println!(
                     "{}",
