@@ -366,7 +366,7 @@ pub const VARIABLES: &[Variable] = &[
     var(
         ENV_MAX_SESSIONS,
         "0 (sessions off)",
-        "live sessions at once; docker with its project image only",
+        "live sessions at once; docker with its project image, openshell or e2b",
         HelpGroup::Limits,
     ),
     var(
@@ -492,7 +492,7 @@ pub const VARIABLES: &[Variable] = &[
     var(
         guard::env::GUARD_ADDR,
         "unset",
-        "the supervised guard's listener host:port; required exactly when a guard URL is set",
+        "the supervised guard's listener host:port; required with a guard URL and a supervised broker",
         HelpGroup::Listeners,
     ),
     var(

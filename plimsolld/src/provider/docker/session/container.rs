@@ -79,7 +79,7 @@ pub fn body(settings: &Settings, create: &Create<'_>) -> ContainerCreateBody {
     );
     // The container's user is root so that the agent's exec (as root) holds [`CAP_ADD`]:
     // docker gives an exec no capability at all when the container's user is not root. The
-    // runner guard moves the agent to uid+1 before node runs. docker-init and `sleep` stay
+    // agent moves itself to uid+1, keeping only those two, before it reads anything. docker-init and `sleep` stay
     // root with only those two capabilities: session code (the guest uid, no capability) can
     // neither trace, signal nor open the `/proc` entries of the processes the sweep keeps,
     // with or without Yama, under runc and gVisor alike. Every exec names its own user.
