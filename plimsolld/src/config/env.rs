@@ -19,7 +19,7 @@ pub const ENV_METRICS_ADDR: &str = "PLIMSOLL_METRICS_ADDR";
 /// listens, and removes when it stops: how scripts learn a `:0` port. Unset: no file.
 pub const ENV_ADDR_FILE: &str = "PLIMSOLL_ADDR_FILE";
 /// `text` selects key=value logs; anything else means JSON.
-pub const ENV_LOG_FORMAT: &str = "PLIMSOLL_LOG_FORMAT";
+pub const ENV_LOG_FORMAT: &str = guard::env::LOG_FORMAT;
 /// Path of the caller registry; wins over [`ENV_TOKEN`].
 pub const ENV_CLIENTS_FILE: &str = "PLIMSOLL_CLIENTS_FILE";
 /// One shared bearer token (visible ASCII, 32..=4096 bytes). Not trimmed.
@@ -27,11 +27,11 @@ pub const ENV_TOKEN: &str = "PLIMSOLL_TOKEN";
 /// Exactly `1` allows a real provider without authentication.
 pub const ENV_INSECURE: &str = "PLIMSOLL_INSECURE";
 /// PEM certificate chain; set together with [`ENV_TLS_KEY`].
-pub const ENV_TLS_CERT: &str = "PLIMSOLL_TLS_CERT";
+pub const ENV_TLS_CERT: &str = guard::env::TLS_CERT;
 /// PEM private key; set together with [`ENV_TLS_CERT`].
-pub const ENV_TLS_KEY: &str = "PLIMSOLL_TLS_KEY";
+pub const ENV_TLS_KEY: &str = guard::env::TLS_KEY;
 /// Strict boolean: enforce the production policy.
-pub const ENV_HARDENED: &str = "PLIMSOLL_HARDENED";
+pub const ENV_HARDENED: &str = guard::env::HARDENED;
 /// Which sandbox provider runs code; unset means `disabled`.
 pub const ENV_PROVIDER: &str = "SANDBOX_PROVIDER";
 /// Daemon-wide isolation floor: `process`, `container`, `kernel` or `vm`.
@@ -45,7 +45,7 @@ pub const ENV_PIDS: &str = "SANDBOX_PIDS";
 /// Per-run writable disk in MiB; 0 means none.
 pub const ENV_DISK_MB: &str = "SANDBOX_DISK_MB";
 /// Global cap on runs in flight, in `[1, 1024]`.
-pub const ENV_MAX_CONCURRENT: &str = "SANDBOX_MAX_CONCURRENT";
+pub const ENV_MAX_CONCURRENT: &str = guard::env::MAX_CONCURRENT;
 /// Host memory budget in MiB for all runs at once; 0 = off.
 pub const ENV_TOTAL_MEMORY_MB: &str = "SANDBOX_TOTAL_MEMORY_MB";
 /// Runs in flight per caller; default `max(1, max_concurrent / 2)`; 0 = no per-caller cap.
@@ -90,6 +90,9 @@ pub const ENV_E2B_API_KEY: &str = "E2B_API_KEY";
 pub const ENV_E2B_TEMPLATE: &str = "E2B_TEMPLATE";
 /// e2b: the guard's public `https://` URL granted runs reach the broker through.
 pub const ENV_E2B_GUARD_URL: &str = "E2B_GUARD_URL";
+/// e2b: the IPv4 address granted VMs connect to for the guard's name (they have no
+/// nameserver); unset: this host's resolver's answer for the guard URL's host.
+pub const ENV_E2B_GUARD_ADDRESS: &str = "E2B_GUARD_ADDRESS";
 /// e2b: how a session's granted calls get the guard: `session`, `call` or unset.
 pub const ENV_E2B_SESSION_GRANTS: &str = "E2B_SESSION_GRANTS";
 /// e2b: the control plane's base URL (as E2B's SDK reads it); default `https://api.<domain>`.
@@ -511,6 +514,12 @@ pub const VARIABLES: &[Variable] = &[
         ENV_E2B_GUARD_URL,
         "unset (no grants)",
         "the guard's public https:// URL that granted VMs reach",
+        HelpGroup::E2b,
+    ),
+    var(
+        ENV_E2B_GUARD_ADDRESS,
+        "the guard host's IPv4 address here",
+        "the IPv4 address granted VMs (which have no nameserver) connect to for the guard",
         HelpGroup::E2b,
     ),
     var(

@@ -4,9 +4,10 @@
 //! One template (`host_client.js`) serves every guest; only the transport differs:
 //! - [`node`]: `node:http` over the Unix socket named by `HOST_API_SOCKET` (docker
 //!   snippets, prepended; docker projects, as the plan's `hostSDK`; openshell's relay);
-//! - [`node_guard`]: `fetch` to the guard URL, one `POST` of the envelope per call, never
-//!   following a redirect (e2b, dockercloud: a granted snippet gets it prepended, a project
-//!   step through `NODE_OPTIONS=--import`);
+//! - [`node_guard`]: one `POST` of the envelope per call to the guard URL, never following a
+//!   redirect (e2b, dockercloud: a granted snippet gets it prepended, a project step through
+//!   `NODE_OPTIONS=--import`); `fetch`, or `node:https` to a pinned address when the VM has
+//!   no nameserver (e2b);
 //! - [`quickjs`]: the wasm guest's synchronous `__coderunner_host_call`.
 //!
 //! The library carries a copy of the allow list for an early, advisory refusal. It is not
@@ -66,6 +67,34 @@ const GUARD_TRANSPORT: &str = r#"async (method, path, body) => {
     return { status: res.status, body: await res.text() };
   }"#;
 
+/// [`GUARD_TRANSPORT`] for a VM without a nameserver (E2B with `dnsServers: []`): the guard's
+/// name is never looked up; the connection goes to `__ADDRESS__` with the name as its TLS
+/// server name and `Host`. E2B's egress firewall matches that name and dials it itself, so
+/// the address only has to leave the VM. `node:https` follows no redirect.
+const PINNED_GUARD_TRANSPORT: &str = r#"async (method, path, body) => {
+    const https = await import("node:https");
+    const envelope = { method, path };
+    if (body !== undefined) envelope.body = body;
+    const payload = JSON.stringify(envelope);
+    const address = __ADDRESS__;
+    const lookup = (_name, options, done) =>
+      options && options.all ? done(null, [{ address, family: 4 }]) : done(null, address, 4);
+    return await new Promise((resolve, reject) => {
+      const headers = __HEADERS__;
+      headers["content-length"] = Buffer.byteLength(payload);
+      const req = https.request(__GUARD_URL__, { method: "POST", headers, lookup }, (res) => {
+        const chunks = [];
+        res.on("data", (c) => chunks.push(c));
+        res.on("error", reject);
+        res.on("end", () =>
+          resolve({ status: res.statusCode, body: Buffer.concat(chunks).toString("utf8") }),
+        );
+      });
+      req.on("error", reject);
+      req.end(payload);
+    });
+  }"#;
+
 /// Who adds a guard call's `X-Plimsoll-Guard` header.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum TokenPlacement {
@@ -86,8 +115,14 @@ pub fn node(grant: &GuestGrant) -> String {
 /// The library for a Node guest that reaches its grant through the guard at `guard_url`
 /// (e2b, dockercloud). With [`TokenPlacement::Guest`] the grant's guard token goes in each
 /// call's `X-Plimsoll-Guard` header; with [`TokenPlacement::Proxy`] no token is in the
-/// library at all.
-pub fn node_guard(grant: &GuestGrant, guard_url: &str, placement: TokenPlacement) -> String {
+/// library at all. With `pinned`, the guard's name is never looked up (a VM without a
+/// nameserver): the library connects to that address ([`PINNED_GUARD_TRANSPORT`]).
+pub fn node_guard(
+    grant: &GuestGrant,
+    guard_url: &str,
+    placement: TokenPlacement,
+    pinned: Option<std::net::Ipv4Addr>,
+) -> String {
     let mut headers = serde_json::Map::new();
     headers.insert("content-type".into(), "application/json".into());
     if placement == TokenPlacement::Guest
@@ -97,7 +132,11 @@ pub fn node_guard(grant: &GuestGrant, guard_url: &str, placement: TokenPlacement
     }
     let url = serde_json::to_string(guard_url).unwrap_or_else(|_| "\"\"".to_owned());
     let headers = serde_json::Value::Object(headers).to_string();
-    let transport = GUARD_TRANSPORT
+    let transport = match pinned {
+        None => GUARD_TRANSPORT.to_owned(),
+        Some(address) => PINNED_GUARD_TRANSPORT.replace("__ADDRESS__", &format!("\"{address}\"")),
+    };
+    let transport = transport
         .replace("__GUARD_URL__", &url)
         .replace("__HEADERS__", &headers);
     render(grant, &transport)
@@ -157,14 +196,29 @@ mod tests {
         let mut g = grant();
         g.access = GuestAccess::Guard(token.clone());
         let url = "https://guard.example.com/v1/dockercloud/guard";
-        let held = node_guard(&g, url, TokenPlacement::Guest);
+        let held = node_guard(&g, url, TokenPlacement::Guest, None);
         assert!(held.contains(&format!(r#""x-plimsoll-guard":"{}""#, token.expose())));
         assert!(held.contains(r#"fetch("https://guard.example.com/v1/dockercloud/guard""#));
         assert!(held.contains(r#"redirect: "error""#) && !held.contains("node:http"));
-        let injected = node_guard(&g, url, TokenPlacement::Proxy);
+        let injected = node_guard(&g, url, TokenPlacement::Proxy, None);
         assert!(!injected.contains(token.expose()) && !injected.contains("x-plimsoll-guard"));
         assert!(injected.contains(r#"{"content-type":"application/json"}"#));
         assert!(!injected.contains("__"), "every placeholder is filled");
+        let pinned = node_guard(
+            &g,
+            url,
+            TokenPlacement::Proxy,
+            Some(std::net::Ipv4Addr::new(203, 0, 113, 9)),
+        );
+        assert!(
+            pinned.contains(r#"const address = "203.0.113.9";"#),
+            "{pinned}"
+        );
+        assert!(
+            pinned.contains(r#"https.request("https://guard.example.com/v1/dockercloud/guard""#)
+        );
+        assert!(!pinned.contains("fetch(") && !pinned.contains(token.expose()));
+        assert!(!pinned.contains("__"), "every placeholder is filled");
     }
 
     #[test]

@@ -22,6 +22,8 @@ fn e2b_daemon(f: &Fixture, sim: &E2bSim) -> Daemon {
     for (k, v) in sim.env(&[
         ("E2B_GUARD_URL", &format!("https://{GUARD_HOST}")),
         ("PLIMSOLL_GUARD_ADDR", "127.0.0.1:0"),
+        // The simulator's VMs reach the proxy on loopback.
+        ("E2B_GUARD_ADDRESS", "127.0.0.1"),
     ]) {
         env.retain(|(name, _)| *name != k);
         env.push((k, v));
@@ -50,10 +52,17 @@ fn post_to_guard(addr: &str, token: &str, envelope: &str) -> u16 {
         .unwrap_or(0)
 }
 
-/// The guard token in a VM's read-back (E2B shows the rule's header values there).
+/// The guard token in a VM's read-back (E2B shows the rule's header values there). Every
+/// VM plimsoll makes opens no nameserver: left out, `dnsServers` is E2B's `8.8.8.8`, open
+/// on every port beside an allowed domain.
 fn token_of(sim: &E2bSim, id: &str) -> Option<String> {
     let (status, detail) = sim.api("GET", &format!("/sandboxes/{id}"), None);
     assert_eq!(status, 200, "{detail}");
+    assert_eq!(
+        detail["network"]["dnsServers"],
+        json!([]),
+        "no nameserver: {detail}"
+    );
     detail["network"]["rules"][GUARD_HOST][0]["transform"]["headers"]["X-Plimsoll-Guard"]
         .as_str()
         .map(str::to_owned)
@@ -103,13 +112,16 @@ fn e2b_runs_reach_only_their_grant_through_the_guard() {
     assert_eq!(v["supportsJavascriptGrants"], true, "{v}");
     assert_eq!(v["supportsProjectGrants"], true, "{v}");
 
-    // Granted: the client reaches the API through the guard; a route outside the grant,
-    // sent raw past the client's check, is refused; the guest's environment and files hold
+    // Granted: the client reaches the API through the guard (the VM resolves no name: the
+    // client connects to E2B_GUARD_ADDRESS); a route outside the grant, sent raw past the
+    // client's check, is refused; the guest's environment and files hold
     // no token and no secret. The run waits so the test can read the token E2B holds.
     let code = format!(
         "(async () => {{\n\
          const item = await host.get('/items/7');\n\
-         const raw = await fetch('https://{GUARD_HOST}/v1/e2b/guard', {{ method: 'POST', headers: {{ 'content-type': 'application/json' }}, body: JSON.stringify({{ method: 'GET', path: '/admin' }}) }});\n\
+         const named = await require('dns').promises.lookup('{GUARD_HOST}').then(() => 'resolved', () => 'unresolved');\n\
+         const lookup = (h, o, cb) => o && o.all ? cb(null, [{{ address: '127.0.0.1', family: 4 }}]) : cb(null, '127.0.0.1', 4);\n\
+         const raw = await new Promise((ok, no) => {{ const r = require('https').request({{ host: '{GUARD_HOST}', lookup, path: '/v1/e2b/guard', method: 'POST', headers: {{ 'content-type': 'application/json' }} }}, (res) => {{ res.resume(); ok({{ status: res.statusCode }}); }}); r.on('error', no); r.end(JSON.stringify({{ method: 'GET', path: '/admin' }})); }});\n\
          const fs = require('fs');\n\
          const files = [];\n\
          const walk = (d) => {{ for (const e of fs.readdirSync(d, {{ withFileTypes: true }})) {{ const p = d + '/' + e.name; if (e.isDirectory()) walk(p); else if (e.isFile()) files.push(fs.readFileSync(p, 'latin1')); }} }};\n\
@@ -117,7 +129,7 @@ fn e2b_runs_reach_only_their_grant_through_the_guard() {
          // The needles are built here, so this file's own text does not match them.\n\
          const seen = JSON.stringify(process.env) + files.join('\\n');\n\
          await new Promise((r) => setTimeout(r, 4000));\n\
-         console.log(JSON.stringify({{ item, raw: raw.status, crg: seen.includes(['crg', '_'].join('')), bearer: seen.includes(['ey', 'J'].join('')) }}));\n\
+         console.log(JSON.stringify({{ item, named, raw: raw.status, crg: seen.includes(['crg', '_'].join('')), bearer: seen.includes(['ey', 'J'].join('')) }}));\n\
          }})().catch((e) => {{ console.error(String(e)); process.exit(3); }});"
     );
     let addr = d.addr;
@@ -134,6 +146,10 @@ fn e2b_runs_reach_only_their_grant_through_the_guard() {
     let seen: Value = serde_json::from_str(out.stdout.trim()).expect("one JSON line");
     assert_eq!(seen["item"]["id"], 7, "{seen}");
     assert_eq!(seen["raw"], 403, "a route outside the grant: {seen}");
+    assert_eq!(
+        seen["named"], "unresolved",
+        "no nameserver in a granted VM: {seen}"
+    );
     assert_eq!(seen["crg"], false, "a guard token in the guest: {seen}");
     assert_eq!(seen["bearer"], false, "a JWT in the guest: {seen}");
     let requests = f.api.requests();
@@ -231,9 +247,12 @@ fn e2b_session_grants_follow_e2b_session_grants() {
     f.write_grants(&super::sessions::session_profiles(&f));
     let sim = E2bSim::start();
     let granted = "(async () => { console.log((await host.get('/items/7')).id); })().catch((e) => { console.error(String(e)); process.exit(3); });";
-    // Past the client and the CA check: only the guard's answer (or no way out) counts.
+    // Past the client and the CA check: only the guard's answer (or no way out) counts. The
+    // VM has no nameserver, so the guard's name goes to an address given here, as the
+    // client library does.
     let raw = format!(
-        "const r = require('https').request({{ host: '{GUARD_HOST}', path: '/v1/e2b/guard', method: 'POST', rejectUnauthorized: false, headers: {{ 'content-type': 'application/json' }} }}, (res) => {{ console.log(res.statusCode); res.resume(); }});\n\
+        "const lookup = (h, o, cb) => o && o.all ? cb(null, [{{ address: '127.0.0.1', family: 4 }}]) : cb(null, '127.0.0.1', 4);\n\
+         const r = require('https').request({{ host: '{GUARD_HOST}', lookup, path: '/v1/e2b/guard', method: 'POST', rejectUnauthorized: false, headers: {{ 'content-type': 'application/json' }} }}, (res) => {{ console.log(res.statusCode); res.resume(); }});\n\
          r.on('error', () => console.log('blocked'));\n\
          r.end(JSON.stringify({{ method: 'GET', path: '/items/7' }}));"
     );
@@ -242,6 +261,8 @@ fn e2b_session_grants_follow_e2b_session_grants() {
         for (k, v) in sim.env(&[
             ("E2B_GUARD_URL", &format!("https://{GUARD_HOST}")),
             ("PLIMSOLL_GUARD_ADDR", "127.0.0.1:0"),
+            // The simulator's VMs reach the proxy on loopback.
+            ("E2B_GUARD_ADDRESS", "127.0.0.1"),
             ("E2B_SESSION_GRANTS", mode),
             ("SANDBOX_MAX_SESSIONS", "2"),
             ("SANDBOX_SESSION_IDLE", "10m"),
@@ -349,6 +370,8 @@ fn e2b_call_mode_gives_each_granted_call_a_fresh_guard_token() {
     for (k, v) in sim.env(&[
         ("E2B_GUARD_URL", &format!("https://{GUARD_HOST}")),
         ("PLIMSOLL_GUARD_ADDR", "127.0.0.1:0"),
+        // The simulator's VMs reach the proxy on loopback.
+        ("E2B_GUARD_ADDRESS", "127.0.0.1"),
         ("E2B_SESSION_GRANTS", "call"),
         ("SANDBOX_MAX_SESSIONS", "2"),
         ("SANDBOX_SESSION_IDLE", "10m"),

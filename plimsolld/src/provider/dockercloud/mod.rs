@@ -201,7 +201,7 @@ impl DockerCloud {
         let (Some(guard), Some(_)) = (&self.guard, grant.access.guard_token()) else {
             return Err(remote::no_guard(ID, ENV_DOCKERCLOUD_GUARD_URL));
         };
-        let library = host_client::node_guard(grant, &guard.url, TokenPlacement::Guest);
+        let library = host_client::node_guard(grant, &guard.url, TokenPlacement::Guest, None);
         Ok(Some((&guard.host, library)))
     }
 

@@ -59,14 +59,20 @@ pub struct Network {
     pub deny_out: Option<Vec<String>>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub rules: Option<serde_json::Value>,
+    /// The nameservers an allowed domain opens. Left out, E2B opens `8.8.8.8` (every port)
+    /// beside any domain in `allowOut`, and a network update that leaves it out resets it to
+    /// that: a way out for anything the guest can say in a DNS query. Always sent, empty.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dns_servers: Option<Vec<String>>,
 }
 
 impl Network {
-    /// No egress and no public traffic into the VM.
+    /// No egress, no nameserver and no public traffic into the VM.
     pub fn deny_all() -> Network {
         Network {
             allow_public_traffic: Some(false),
             deny_out: Some(vec!["0.0.0.0/0".to_owned()]),
+            dns_servers: Some(Vec::new()),
             ..Network::default()
         }
     }
@@ -234,10 +240,13 @@ impl Api {
         Err(last)
     }
 
-    /// `POST /sandboxes/{id}/pause`: 204, or 409 when it is paused already.
+    /// `POST /sandboxes/{id}/pause`: 204, or 409 when it is paused already. With
+    /// `requireHealthyGuest` E2B refuses (503, the VM running on) rather than snapshot a VM
+    /// whose envd does not answer, which only a cold `memory: false` resume could wake.
     pub async fn pause(&self, id: &str) -> Result<(), ApiError> {
+        let body = br#"{"requireHealthyGuest":true}"#.to_vec();
         let response = self
-            .call(Method::POST, &format!("/sandboxes/{id}/pause"), None)
+            .call(Method::POST, &format!("/sandboxes/{id}/pause"), Some(body))
             .await?;
         let status = response.status;
         if status.is_success() || status == StatusCode::CONFLICT {
@@ -374,7 +383,8 @@ mod tests {
             body,
             serde_json::json!({"templateID": "base", "timeout": 40, "autoPause": false,
                 "metadata": {"sdk": "plimsoll"},
-                "network": {"allowPublicTraffic": false, "denyOut": ["0.0.0.0/0"]}})
+                "network": {"allowPublicTraffic": false, "denyOut": ["0.0.0.0/0"],
+                    "dnsServers": []}})
         );
         assert_eq!(encode("sdk=plimsoll&a b"), "sdk%3Dplimsoll%26a%20b");
     }

@@ -5,7 +5,7 @@
 //! Plain `http://` is accepted only for a loopback host (a simulator on this machine); E2B
 //! itself is reached over `https://` only. Tier `vm`: each run is its own E2B microVM.
 
-use std::net::IpAddr;
+use std::net::{IpAddr, Ipv4Addr};
 use std::sync::Arc;
 
 use plimsoll::tier::IsolationTier;
@@ -155,6 +155,8 @@ pub struct E2bConfig {
     pub template_set: bool,
     /// `E2B_GUARD_URL`.
     pub guard_url: Option<BaseUrl>,
+    /// `E2B_GUARD_ADDRESS`; `None`: resolved for each granted VM.
+    pub guard_address: Option<Ipv4Addr>,
     /// `E2B_SESSION_GRANTS`.
     pub session_grants: SessionGrants,
     /// The control plane.
@@ -169,6 +171,7 @@ impl std::fmt::Debug for E2bConfig {
             .field("api_key", &"<redacted>")
             .field("template", &self.template)
             .field("guard_url", &self.guard_url)
+            .field("guard_address", &self.guard_address)
             .field("session_grants", &self.session_grants)
             .field("api", &self.api)
             .field("envd", &self.envd)
@@ -273,6 +276,28 @@ impl ProviderSettings for E2bConfig {
                 "must be https://<host name> on port 443 (VMs reach the guard by name over the internet)",
             );
             config.guard_url = None;
+        }
+        let address = r.trimmed(ENV_E2B_GUARD_ADDRESS);
+        if !address.is_empty() {
+            match address.parse::<Ipv4Addr>() {
+                _ if r.trimmed(ENV_E2B_GUARD_URL).is_empty() => {
+                    problem(
+                        r,
+                        ENV_E2B_GUARD_ADDRESS,
+                        &address,
+                        "is set but E2B_GUARD_URL is not",
+                    );
+                }
+                Ok(ip) if !(ip.is_unspecified() || ip.is_broadcast() || ip.is_multicast()) => {
+                    config.guard_address = Some(ip);
+                }
+                _ => problem(
+                    r,
+                    ENV_E2B_GUARD_ADDRESS,
+                    &address,
+                    "must be an IPv4 unicast address",
+                ),
+            }
         }
         let grants = r.trimmed(ENV_E2B_SESSION_GRANTS);
         config.session_grants = match grants.as_str() {
@@ -431,5 +456,39 @@ mod tests {
         ]);
         assert!(problems.is_empty(), "{problems:?}");
         assert_eq!(config.session_grants, SessionGrants::Session);
+        assert_eq!(config.guard_address, None);
+    }
+
+    #[test]
+    fn the_guard_address_is_an_ipv4_unicast_address_beside_a_guard_url() {
+        let guard = (ENV_E2B_GUARD_URL, "https://guard.example.com");
+        let (config, problems) = read(&[
+            (ENV_E2B_API_KEY, "k"),
+            guard,
+            (ENV_E2B_GUARD_ADDRESS, "203.0.113.9"),
+        ]);
+        assert!(problems.is_empty(), "{problems:?}");
+        assert_eq!(config.guard_address, Some(Ipv4Addr::new(203, 0, 113, 9)));
+        for bad in [
+            "guard.example.com",
+            "::1",
+            "0.0.0.0",
+            "255.255.255.255",
+            "224.0.0.1",
+        ] {
+            let (config, problems) =
+                read(&[(ENV_E2B_API_KEY, "k"), guard, (ENV_E2B_GUARD_ADDRESS, bad)]);
+            assert_eq!(problems.len(), 1, "{bad}: {problems:?}");
+            assert!(
+                problems[0].starts_with(ENV_E2B_GUARD_ADDRESS),
+                "{problems:?}"
+            );
+            assert_eq!(config.guard_address, None);
+        }
+        let (_, problems) = read(&[
+            (ENV_E2B_API_KEY, "k"),
+            (ENV_E2B_GUARD_ADDRESS, "203.0.113.9"),
+        ]);
+        assert_eq!(problems.len(), 1, "{problems:?}");
     }
 }

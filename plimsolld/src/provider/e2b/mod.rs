@@ -42,7 +42,7 @@ use super::{
 };
 use crate::admission::paid::PaidDay;
 use crate::config::Config;
-use crate::config::env::ENV_E2B_GUARD_URL;
+use crate::config::env::{ENV_E2B_GUARD_ADDRESS, ENV_E2B_GUARD_URL};
 use crate::grant::host_client::{self, TokenPlacement};
 use crate::grant::{Delivery, GuestGrant};
 use crate::provider::docker::project::MAX_TIMEOUT;
@@ -92,9 +92,32 @@ impl From<E2bError> for ProviderError {
     }
 }
 
+/// The client library of a granted run or call (no token in it): the VM has no nameserver,
+/// so it connects to the guard's address ([`sandbox::guard_address`]); an unknown address
+/// refuses the run before any VM is made.
+async fn guard_library(
+    grant: &GuestGrant,
+    guard: &Guard,
+    configured: Option<std::net::Ipv4Addr>,
+) -> Result<String, Refusal> {
+    let address = sandbox::guard_address(&guard.host, configured)
+        .await
+        .map_err(|why| {
+            Refusal::Environment(format!("{why} (set {ENV_E2B_GUARD_ADDRESS}); nothing ran"))
+        })?;
+    Ok(host_client::node_guard(
+        grant,
+        &guard.url,
+        TokenPlacement::Proxy,
+        Some(address),
+    ))
+}
+
 /// The e2b provider.
 pub struct E2b {
     guard: Option<Guard>,
+    /// `E2B_GUARD_ADDRESS`: where granted VMs connect for the guard's name.
+    guard_address: Option<std::net::Ipv4Addr>,
     /// How a session's granted calls reach the guard (`E2B_SESSION_GRANTS`).
     session_grants: SessionGrants,
     /// The daemon-wide paid day: admission reserves runs against it; the proofs charge it.
@@ -127,6 +150,7 @@ impl E2b {
             .map(|g| Guard::at(g, ::guard::E2B_PATH));
         Ok(E2b {
             guard,
+            guard_address: settings.guard_address,
             session_grants: settings.session_grants,
             paid: Arc::new(PaidDay::new(config.limits.paid_seconds_per_day)),
             fleet: Arc::new(Fleet {
@@ -168,8 +192,9 @@ impl E2b {
     }
 
     /// A granted run's guard rule and client library (no token in it), or a refusal when
-    /// the grant did not come as a guard token or no guard is configured.
-    fn granted<'a>(
+    /// the grant did not come as a guard token, no guard is configured or the guard's
+    /// address is unknown.
+    async fn granted<'a>(
         &'a self,
         grant: Option<&'a GuestGrant>,
     ) -> Result<Option<(GuardRule<'a>, String)>, ProviderError> {
@@ -177,7 +202,9 @@ impl E2b {
         let (Some(guard), Some(token)) = (&self.guard, grant.access.guard_token()) else {
             return Err(remote::no_guard(ID, ENV_E2B_GUARD_URL));
         };
-        let library = host_client::node_guard(grant, &guard.url, TokenPlacement::Proxy);
+        let library = guard_library(grant, guard, self.guard_address)
+            .await
+            .map_err(ProviderError::Refused)?;
         Ok(Some((
             GuardRule {
                 host: &guard.host,
@@ -217,7 +244,7 @@ impl E2b {
 
     async fn snippet(&self, run: SnippetRun) -> Result<SnippetOutcome, ProviderError> {
         let timeout = run.timeout.min(SNIPPET_MAX_TIMEOUT);
-        let granted = self.granted(run.grant.as_deref())?;
+        let granted = self.granted(run.grant.as_deref()).await?;
         let (rule, library) = granted.map_or((None, None), |(r, l)| (Some(r), Some(l)));
         let vm = self.vm(timeout, run.hold, rule, &[]).await?;
         let ran = runs::fresh_snippet(&vm, &run.code, timeout, library.as_deref())
@@ -243,7 +270,7 @@ impl E2b {
         let budget = plan.timeout.min(MAX_TIMEOUT);
         let hold = std::mem::take(&mut plan.hold);
         let grant = plan.grant.clone();
-        let granted = self.granted(grant.as_deref())?;
+        let granted = self.granted(grant.as_deref()).await?;
         let (rule, library) = granted.map_or((None, None), |(r, l)| (Some(r), Some(l)));
         let vm = self.vm(budget, hold, rule, &[]).await?;
         let result = runs::project(&vm, &plan, budget, library.as_deref())

@@ -5,6 +5,7 @@
 //! its lease and admission slot are released only when the kill finished.
 
 use std::collections::BTreeMap;
+use std::net::{IpAddr, Ipv4Addr};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -12,6 +13,7 @@ use super::api::{Api, ApiError, Created, Detail, Network, NewSandbox, valid_id};
 use super::config::EnvdRoute;
 use super::envd::Envd;
 use super::http::HttpError;
+use crate::config::env::{ENV_CPUS, ENV_DISK_MB, ENV_MEMORY_MB};
 use crate::provider::tracked::Tracked;
 use crate::provider::{Hold, Resources};
 
@@ -72,6 +74,37 @@ impl GuardRule<'_> {
             ..Network::deny_all()
         }
     }
+}
+
+/// How long the daemon waits for its resolver to name the guard's address.
+const RESOLVE_BOUND: Duration = Duration::from_secs(5);
+
+/// The address a granted VM's client library connects to for the guard: `configured`
+/// (`E2B_GUARD_ADDRESS`), else the first IPv4 address this host's resolver gives `host`.
+/// The VM has no nameserver (`dnsServers: []`); E2B's egress firewall matches the guard's
+/// name in the connection and dials that name itself, so the address only has to leave the
+/// VM. The error says why there is none.
+pub async fn guard_address(host: &str, configured: Option<Ipv4Addr>) -> Result<Ipv4Addr, String> {
+    if let Some(address) = configured {
+        return Ok(address);
+    }
+    let looked_up = tokio::time::timeout(RESOLVE_BOUND, tokio::net::lookup_host((host, 443))).await;
+    let addresses = match looked_up {
+        Ok(Ok(addresses)) => addresses,
+        Ok(Err(e)) => return Err(format!("the guard host {host} did not resolve here: {e}")),
+        Err(_) => {
+            return Err(format!(
+                "the guard host {host} did not resolve here within {RESOLVE_BOUND:?}"
+            ));
+        }
+    };
+    addresses
+        .into_iter()
+        .find_map(|a| match a.ip() {
+            IpAddr::V4(v4) => Some(v4),
+            IpAddr::V6(_) => None,
+        })
+        .ok_or_else(|| format!("the guard host {host} has no IPv4 address here"))
 }
 
 /// Everything a VM is made from.
@@ -281,21 +314,21 @@ impl Fleet {
                 detail.memory_mb,
                 u64::from(r.memory_mb),
                 r.memory_mb,
-                "SANDBOX_MEMORY_MB",
+                ENV_MEMORY_MB,
             ),
             beyond(
                 "cpuCount",
                 detail.cpu_count,
                 r.cpus.floor(),
                 r.cpus,
-                "SANDBOX_CPUS",
+                ENV_CPUS,
             ),
             beyond(
                 "diskSizeMB",
                 detail.disk_size_mb,
                 u64::from(r.disk_mb),
                 r.disk_mb,
-                "SANDBOX_DISK_MB",
+                ENV_DISK_MB,
             ),
         ];
         if let Some(beyond) = checks.into_iter().flatten().next() {
@@ -313,6 +346,10 @@ impl Fleet {
         };
         if !denies_all || !allows_only_guard || network.allow_public_traffic == Some(true) {
             return Some("the network is not deny-all".to_owned());
+        }
+        // An allowed domain opens the nameservers beside it: left out, that is 8.8.8.8.
+        if guard_host.is_some() && network.dns_servers.as_ref().is_none_or(|d| !d.is_empty()) {
+            return Some("the network opens a nameserver (dnsServers is not empty)".to_owned());
         }
         None
     }
@@ -340,8 +377,38 @@ fn beyond<T: PartialOrd + Default + std::fmt::Display>(
 }
 
 #[cfg(test)]
+#[allow(clippy::unwrap_used)]
 mod tests {
-    use super::beyond;
+    use super::*;
+
+    #[test]
+    fn every_network_sent_opens_no_nameserver() {
+        let granted = GuardRule {
+            host: "guard.example.test",
+            token: "t",
+        }
+        .network();
+        let sent = serde_json::to_value(&granted).unwrap();
+        assert_eq!(sent["dnsServers"], serde_json::json!([]));
+        assert_eq!(sent["allowOut"], serde_json::json!(["guard.example.test"]));
+        let denied = serde_json::to_value(Network::deny_all()).unwrap();
+        assert_eq!(denied["dnsServers"], serde_json::json!([]));
+    }
+
+    #[tokio::test]
+    async fn the_guard_address_is_the_configured_one_else_this_hosts_ipv4_answer() {
+        let configured = Ipv4Addr::new(203, 0, 113, 9);
+        assert_eq!(
+            guard_address("guard.invalid", Some(configured)).await,
+            Ok(configured)
+        );
+        assert_eq!(
+            guard_address("localhost", None).await,
+            Ok(Ipv4Addr::LOCALHOST)
+        );
+        let unknown = guard_address("guard.invalid", None).await.unwrap_err();
+        assert!(unknown.contains("guard.invalid"), "{unknown}");
+    }
 
     #[test]
     fn a_limit_in_force_needs_a_stated_figure_within_it() {

@@ -35,7 +35,6 @@ use super::sandbox::{GuardRule, Vm};
 use super::{E2b, E2bError, Guard};
 use crate::admission::paid::Paid;
 use crate::grant::GuestGrant;
-use crate::grant::host_client::{self, TokenPlacement};
 use crate::provider::docker::project::MAX_TIMEOUT;
 use crate::provider::docker::settings::SNIPPET_MAX_TIMEOUT;
 use crate::provider::guest::cell::Interpreter;
@@ -89,6 +88,8 @@ pub struct E2bSession {
     pub(super) languages: Vec<String>,
     grants: SessionGrants,
     guard: Option<Guard>,
+    /// `E2B_GUARD_ADDRESS`.
+    guard_address: Option<std::net::Ipv4Addr>,
     /// Made with the guard rule and the session's token (`E2B_SESSION_GRANTS=session`).
     guarded: bool,
     /// Paused by the idle watcher; the next call resumes it.
@@ -151,6 +152,7 @@ pub(super) async fn open(e2b: &E2b, open: SessionOpen) -> Result<OpenedSession, 
         languages,
         grants: e2b.session_grants,
         guard: e2b.guard.clone(),
+        guard_address: e2b.guard_address,
         guarded,
         paused: false,
         rule_left: false,
@@ -373,29 +375,27 @@ impl E2bSession {
                     "this e2b session was opened without its guard rule; nothing ran",
                 ));
             }
-            SessionGrants::Session => {}
-            SessionGrants::Call => {
-                let vm = self.vm()?;
-                let rule = GuardRule {
-                    host: &guard.host,
-                    token: token.expose(),
-                };
-                if let Err(e) = vm.fleet().api.set_network(vm.id(), &rule.network()).await {
-                    tracing::warn!(error = %e, "the call's guard rule could not be put on");
-                    // A put that failed may still have been applied: take it off at the sweep.
-                    self.rule_left = true;
-                    return Err(SessionFault::Refused(Refusal::Environment(
-                        "E2B did not take the call's network rule; nothing ran".to_owned(),
-                    )));
-                }
-                self.rule_left = true;
-            }
+            SessionGrants::Session | SessionGrants::Call => {}
         }
-        Ok(Some(host_client::node_guard(
-            grant,
-            &guard.url,
-            TokenPlacement::Proxy,
-        )))
+        // Before any rule goes on: an unknown guard address refuses the call as it is.
+        let library = super::guard_library(grant, guard, self.guard_address).await?;
+        if self.grants == SessionGrants::Call {
+            let vm = self.vm()?;
+            let rule = GuardRule {
+                host: &guard.host,
+                token: token.expose(),
+            };
+            if let Err(e) = vm.fleet().api.set_network(vm.id(), &rule.network()).await {
+                tracing::warn!(error = %e, "the call's guard rule could not be put on");
+                // A put that failed may still have been applied: take it off at the sweep.
+                self.rule_left = true;
+                return Err(SessionFault::Refused(Refusal::Environment(
+                    "E2B did not take the call's network rule; nothing ran".to_owned(),
+                )));
+            }
+            self.rule_left = true;
+        }
+        Ok(Some(library))
     }
 
     /// Puts plain deny-all back after a `call`-mode grant; a failure leaves `rule_left` set

@@ -254,6 +254,36 @@ def suite_for(runtime: str):
             finally:
                 sbx.kill()
 
+        def test_no_dns_servers_means_no_name_resolves_but_the_name_still_matches(self) -> None:
+            # dns_servers [] (the SDK sends it as dnsServers): the guard's name no longer
+            # resolves in the VM, and a client that connects to an address of its own with
+            # that name still reaches the guard, which E2B matches by name.
+            network = {
+                "deny_out": [ALL_TRAFFIC],
+                "allow_out": [GUARD],
+                "dns_servers": [],
+                "rules": {GUARD: [{"transform": {"headers": {"X-Plimsoll-Guard": TOKEN}}}]},
+            }
+            sbx = Sandbox.create(timeout=120, network=network)
+            try:
+                self.assertEqual(sbx.get_info().network.get("dns_servers"), [])
+                Recorder.seen.clear()
+                probe = (
+                    "const https = require('https');"
+                    " const lookup = (h, o, cb) => o && o.all ? cb(null, [{address: '127.0.0.1', family: 4}]) : cb(null, '127.0.0.1', 4);"
+                    " const go = (extra) => new Promise((ok) => { const r = https.request(Object.assign({host: '%s', path: '/v1/e2b/guard', method: 'POST', timeout: 4000}, extra), (res) => { res.resume(); ok(String(res.statusCode)); }); r.on('error', (e) => ok(e.code || 'error')); r.on('timeout', () => r.destroy()); r.end('{}'); });"
+                    " (async () => { console.log(await go({})); console.log(await go({lookup})); })();" % GUARD
+                )
+                sbx.files.write("/tmp/named.cjs", probe)
+                r = sbx.commands.run("NODE_EXTRA_CA_CERTS=/etc/ssl/certs/ca-certificates.crt node /tmp/named.cjs")
+                lines = r.stdout.splitlines()
+                self.assertEqual(len(lines), 2, r.stdout)
+                self.assertIn(lines[0], ("ENOTFOUND", "EAI_AGAIN"), r.stdout)
+                self.assertEqual(lines[1], "200", r.stdout)
+                self.assertEqual(len(Recorder.seen), 1)
+            finally:
+                sbx.kill()
+
     Fidelity.__name__ = Fidelity.__qualname__ = f"Fidelity_{runtime}"
     return Fidelity
 

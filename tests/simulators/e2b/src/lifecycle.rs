@@ -65,7 +65,7 @@ async fn create_inner(app: &Arc<App>, spec: CreateSpec) -> Result<String, Lifecy
     let egress_dir = dir.join("egress");
     std::fs::create_dir_all(&egress_dir)?;
     let hosts = dir.join("hosts");
-    std::fs::write(&hosts, hosts_file(app))?;
+    std::fs::write(&hosts, hosts_file(app, &spec.network))?;
     let egress_tasks = crate::egress::start(app, &id, &egress_dir)?;
     let files = VmFiles {
         egress_dir: egress_dir.clone(),
@@ -121,11 +121,24 @@ fn watch_for_death(app: &Arc<App>, id: &str, container: &str) {
     });
 }
 
-/// `/etc/hosts` of a new VM: every name the proxy can serve goes to the agent on 127.0.0.1.
-fn hosts_file(app: &App) -> String {
+/// Rewrites sandbox `id`'s `/etc/hosts` for `network` (after a network update), in place:
+/// the VM's bind mount follows the file, not a replacement of it.
+pub fn rewrite_hosts(app: &App, id: &str, network: &NetworkConfig) -> std::io::Result<()> {
+    std::fs::write(sandbox_dir(app, id).join("hosts"), hosts_file(app, network))
+}
+
+/// A VM's `/etc/hosts`, standing in for DNS: when the VM's network lets it reach a
+/// nameserver (or the `egress-allowed` fault opens everything), every name the proxy can
+/// serve goes to the agent on 127.0.0.1; when it does not (`dnsServers: []` beside a domain
+/// in `allowOut`, or everything denied), no name resolves, as on E2B, and a client must
+/// connect to an address of its own. Written at create and at every network update.
+fn hosts_file(app: &App, network: &NetworkConfig) -> String {
+    let mut text = "127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost ip6-loopback\n".to_owned();
+    if !network.resolves_names() && !app.faults().egress_allowed {
+        return text;
+    }
     let mut names: Vec<String> = app.hosts().into_keys().collect();
     names.extend(INTERNET_HOSTS.iter().map(|h| (*h).to_owned()));
-    let mut text = "127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost ip6-loopback\n".to_owned();
     for name in names {
         text.push_str(&format!("127.0.0.1\t{name}\n"));
     }

@@ -5,6 +5,8 @@
 //! denies; otherwise the connection is allowed. `allow_internet_access: false` means
 //! `denyOut: ["0.0.0.0/0"]`. Domains in `allowOut` need `0.0.0.0/0` in `denyOut`. Rules are
 //! per-host header transforms for matching HTTPS (and HTTP) requests; they grant nothing.
+//! When `allowOut` holds a domain, the DNS servers in `dnsServers` (E2B's default `8.8.8.8`
+//! when the field is left out; `[]` means none) are allowed too, every port.
 
 use std::collections::BTreeMap;
 use std::net::IpAddr;
@@ -14,13 +16,19 @@ use serde::{Deserialize, Serialize};
 /// All IPv4 traffic, E2B's `ALL_TRAFFIC`.
 pub const ALL_TRAFFIC: &str = "0.0.0.0/0";
 
+/// The nameserver E2B allows when `dnsServers` is left out.
+pub const DEFAULT_DNS_SERVER: &str = "8.8.8.8";
+/// The most `dnsServers` entries E2B takes.
+const MAX_DNS_SERVERS: usize = 10;
+
 /// E2B's message when `allowOut` names a domain without `denyOut: ["0.0.0.0/0"]`.
 pub const DOMAINS_REQUIRE_BLOCK_ALL: &str = "When specifying allowed domains in allow out, you must include 'ALL_TRAFFIC' in deny out to block all other traffic.";
 
 /// `SandboxNetworkConfig` (create and read-back) and the body of `PUT /sandboxes/{id}/network`
 /// (`SandboxNetworkUpdateConfig`, which adds `allow_internet_access`). Fields E2B has that the
-/// simulator does not act on (`dnsServers`, `egressProxy`, `httpsPorts`) are accepted and
-/// dropped.
+/// simulator does not act on (`egressProxy`, `httpsPorts`) are accepted and dropped.
+/// `dnsServers` is kept and read back as sent: left out means E2B's default, and an update
+/// that leaves it out resets it to that default, as every other field.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct NetworkConfig {
@@ -30,6 +38,8 @@ pub struct NetworkConfig {
     pub allow_out: Option<Vec<String>>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub deny_out: Option<Vec<String>>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dns_servers: Option<Vec<String>>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub mask_request_host: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -91,6 +101,17 @@ impl NetworkConfig {
             }
             has_domain = true;
         }
+        if let Some(servers) = &self.dns_servers {
+            if servers.len() > MAX_DNS_SERVERS {
+                return Err(format!("at most {MAX_DNS_SERVERS} DNS servers are allowed"));
+            }
+            if let Some(bad) = servers
+                .iter()
+                .find(|s| s.parse::<std::net::Ipv4Addr>().is_err())
+            {
+                return Err(format!("invalid DNS server {bad}: must be an IPv4 address"));
+            }
+        }
         let blocks_all = self.deny_out.iter().flatten().any(|d| d == ALL_TRAFFIC);
         if has_domain && !blocks_all {
             return Err(DOMAINS_REQUIRE_BLOCK_ALL.to_owned());
@@ -129,6 +150,14 @@ impl NetworkConfig {
             return Egress::Allowed;
         }
         let ip: Option<IpAddr> = host.parse().ok();
+        if let Some(ip) = ip
+            && self
+                .dns_servers_reachable()
+                .iter()
+                .any(|s| s.parse() == Ok(ip))
+        {
+            return Egress::Allowed;
+        }
         for entry in self.deny_out.iter().flatten() {
             if entry == ALL_TRAFFIC {
                 return Egress::Denied;
@@ -140,6 +169,29 @@ impl NetworkConfig {
             }
         }
         Egress::Allowed
+    }
+
+    /// The DNS servers this config opens: `dnsServers` (or E2B's default) when `allowOut`
+    /// holds a domain, none otherwise.
+    pub fn dns_servers_reachable(&self) -> Vec<String> {
+        let has_domain = self
+            .allow_out
+            .iter()
+            .flatten()
+            .any(|entry| !is_ip_or_cidr(entry));
+        if !has_domain {
+            return Vec::new();
+        }
+        self.dns_servers
+            .clone()
+            .unwrap_or_else(|| vec![DEFAULT_DNS_SERVER.to_owned()])
+    }
+
+    /// Whether a VM with this config can reach a nameserver, so names resolve in it: a DNS
+    /// server `allowOut` opens, or no rule that denies the default one.
+    pub fn resolves_names(&self) -> bool {
+        !self.dns_servers_reachable().is_empty()
+            || self.egress(DEFAULT_DNS_SERVER) == Egress::Allowed
     }
 
     /// The header transforms for `host`: the exact rule, else the longest matching wildcard.
@@ -252,6 +304,37 @@ mod tests {
         assert_eq!(c.egress("GUARD.example.test."), Egress::Allowed);
         assert_eq!(c.egress("example.com"), Egress::Denied);
         assert_eq!(c.egress("1.1.1.1"), Egress::Denied);
+    }
+
+    #[test]
+    fn an_allowed_domain_opens_the_dns_servers_unless_they_are_none() {
+        let default = config(serde_json::json!({
+            "denyOut": ["0.0.0.0/0"], "allowOut": ["guard.example.test"]
+        }));
+        assert_eq!(default.egress(DEFAULT_DNS_SERVER), Egress::Allowed);
+        assert!(default.resolves_names());
+        let none = config(serde_json::json!({
+            "denyOut": ["0.0.0.0/0"], "allowOut": ["guard.example.test"], "dnsServers": []
+        }));
+        assert_eq!(none.egress(DEFAULT_DNS_SERVER), Egress::Denied);
+        assert_eq!(none.egress("guard.example.test"), Egress::Allowed);
+        assert!(!none.resolves_names());
+        let own = config(serde_json::json!({
+            "denyOut": ["0.0.0.0/0"], "allowOut": ["a.example"], "dnsServers": ["1.1.1.1"]
+        }));
+        assert_eq!(own.egress("1.1.1.1"), Egress::Allowed);
+        assert_eq!(own.egress(DEFAULT_DNS_SERVER), Egress::Denied);
+        // Without a domain in allowOut, dnsServers opens nothing.
+        let ips_only = config(serde_json::json!({
+            "denyOut": ["0.0.0.0/0"], "allowOut": ["10.1.2.3"], "dnsServers": ["1.1.1.1"]
+        }));
+        assert_eq!(ips_only.egress("1.1.1.1"), Egress::Denied);
+        assert!(!ips_only.resolves_names());
+        assert!(!config(serde_json::json!({"denyOut": ["0.0.0.0/0"]})).resolves_names());
+        assert!(NetworkConfig::default().resolves_names());
+        let bad: NetworkConfig =
+            serde_json::from_value(serde_json::json!({"dnsServers": ["dns.example"]})).unwrap();
+        assert!(bad.validated(None).unwrap_err().contains("IPv4"));
     }
 
     #[test]

@@ -161,7 +161,17 @@ pub async fn network(app: &App, id: &str, request: Request) -> Response {
         Ok(())
     });
     match outcome {
-        Some(Ok(())) => empty(StatusCode::NO_CONTENT),
+        Some(Ok(())) => {
+            // What resolves in the VM follows whether it now reaches a nameserver.
+            let network = app.sandboxes.with(id, |s| s.network.clone());
+            if let Some(network) = network
+                && let Err(e) = crate::lifecycle::rewrite_hosts(app, id, &network)
+            {
+                eprintln!("e2b-simulator: sandbox {id}: /etc/hosts not rewritten: {e}");
+                return error(StatusCode::INTERNAL_SERVER_ERROR, "network update failed");
+            }
+            empty(StatusCode::NO_CONTENT)
+        }
         Some(Err(state)) => error(
             StatusCode::CONFLICT,
             &format!("Sandbox {id:?} is in {} state", state.as_str()),
