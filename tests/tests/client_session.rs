@@ -142,6 +142,14 @@ async fn the_rust_client_chains_a_docker_session_and_its_close_matches() {
         .await
         .expect("a raising cell is an answer");
     assert_eq!(cell(&raised).0, 1);
+    let granted = s
+        .run_cell("python", "1", &[], &opts.clone().grant_profile("inv"))
+        .await
+        .expect_err("a cell carries no grant");
+    assert_eq!(
+        granted.not_dispatched_reason().map(|m| m.to_string()),
+        Some("request".to_owned())
+    );
 
     // The client checked every record as it came; the saved answers check again offline.
     let state = s.state().await;
@@ -295,6 +303,18 @@ fn the_cli_session_commands_exit_with_their_documented_codes() {
         0,
     );
     assert!(cell.contains("42"), "{cell}");
+    // A cell carries no grant: the flag is refused before anything is sent, not dropped.
+    let granted = ok(
+        cli(
+            &d,
+            &token,
+            &[
+                "session", "cell", "--state", state_arg, "--grant", "inv", "-e", "1",
+            ],
+        ),
+        3,
+    );
+    assert!(granted.contains("cannot be granted"), "{granted}");
     let verified = ok(cli(&d, &token, &["verify", state_arg]), 0);
     assert!(verified.contains("session of 3 calls"), "{verified}");
     let closed = ok(

@@ -231,7 +231,8 @@ impl Session {
     }
 
     /// Runs `code` in the session's interpreter for `language` (`python` or `javascript`),
-    /// after writing `files` into the work directory. A cell carries no grant profile.
+    /// after writing `files` into the work directory. A cell carries no grant profile: one
+    /// in `opts` is refused before anything is sent, not dropped.
     pub async fn run_cell(
         &self,
         language: &str,
@@ -239,6 +240,11 @@ impl Session {
         files: &[(String, String)],
         opts: &RunOptions,
     ) -> Result<SessionAnswer, ClientError> {
+        if !opts.grant_profile.is_empty() {
+            return Err(invalid(
+                "a cell cannot be granted (grant_profile is for snippets and projects)",
+            ));
+        }
         let cell = CellRun {
             language: language.to_owned(),
             code: code.to_owned(),
