@@ -145,10 +145,7 @@ async fn wasm_floor_above_tier_and_bad_token_are_refused_and_marked() {
 #[tokio::test]
 async fn wasm_tls_with_a_custom_ca() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let Some((ca, cert, key)) = test_pki(dir.path()) else {
-        eprintln!("skipped: openssl cannot make test certificates");
-        return;
-    };
+    let (ca, cert, key) = test_pki(dir.path());
     let (c, k) = (cert.to_str().unwrap(), key.to_str().unwrap());
     let d = Daemon::start(&[
         ("SANDBOX_PROVIDER", "wasm"),
@@ -167,7 +164,32 @@ async fn wasm_tls_with_a_custom_ca() {
         .expect("run over TLS");
     assert_eq!(a.javascript().expect("js").stdout, b"42\n");
 
-    // Without the CA, the handshake fails before anything is sent.
+    // A client that trusts another CA (or only the system's roots) refuses this daemon's
+    // certificate: the handshake fails before the request is sent, so nothing ran.
+    let other = tempfile::tempdir().expect("tempdir");
+    let (other_ca, _, _) = test_pki(other.path());
+    let untrusted = Client::builder(format!("https://{}", d.addr))
+        .token(TOKEN)
+        .ca_pem(std::fs::read(&other_ca).expect("other ca"))
+        .build()
+        .expect("client");
+    let system_roots = Client::builder(format!("https://{}", d.addr))
+        .token(TOKEN)
+        .build()
+        .expect("client");
+    for refused in [untrusted, system_roots] {
+        let e = refused
+            .run_javascript("console.log(1)", &RunOptions::new())
+            .await
+            .expect_err("a certificate no trusted CA signed");
+        let text = format!("{e} {e:?}");
+        assert!(
+            text.contains("certificate") || text.contains("UnknownIssuer"),
+            "{text}"
+        );
+    }
+
+    // An empty CA file is refused when the client is built.
     let e = Client::builder(format!("https://{}", d.addr))
         .token(TOKEN)
         .ca_pem(Vec::new())
@@ -176,77 +198,27 @@ async fn wasm_tls_with_a_custom_ca() {
     assert!(matches!(e, ClientError::InvalidOption(_)));
 }
 
-/// A test CA and a leaf certificate for 127.0.0.1 signed by it, made with `openssl`:
-/// (CA certificate, leaf certificate, leaf key). `None` when openssl fails.
-fn test_pki(dir: &Path) -> Option<(std::path::PathBuf, std::path::PathBuf, std::path::PathBuf)> {
+/// A test CA and a leaf certificate for 127.0.0.1 signed by it, written under `dir`:
+/// (CA certificate, leaf certificate, leaf key), all PEM.
+fn test_pki(dir: &Path) -> (std::path::PathBuf, std::path::PathBuf, std::path::PathBuf) {
+    use rcgen::{BasicConstraints, CertificateParams, DnType, IsCa, KeyPair};
     let p = |name: &str| dir.join(name);
-    std::fs::write(
-        p("leaf.ext"),
-        "basicConstraints=CA:FALSE\nsubjectAltName=IP:127.0.0.1\n",
-    )
-    .ok()?;
-    let steps: [Vec<&str>; 3] = [
-        vec![
-            "req",
-            "-x509",
-            "-newkey",
-            "ec",
-            "-pkeyopt",
-            "ec_paramgen_curve:prime256v1",
-            "-nodes",
-            "-days",
-            "1",
-            "-subj",
-            "/CN=plimsoll-test-ca",
-            "-keyout",
-            "ca.key",
-            "-out",
-            "ca.pem",
-        ],
-        vec![
-            "req",
-            "-newkey",
-            "ec",
-            "-pkeyopt",
-            "ec_paramgen_curve:prime256v1",
-            "-nodes",
-            "-subj",
-            "/CN=127.0.0.1",
-            "-keyout",
-            "leaf.key",
-            "-out",
-            "leaf.csr",
-        ],
-        vec![
-            "x509",
-            "-req",
-            "-in",
-            "leaf.csr",
-            "-CA",
-            "ca.pem",
-            "-CAkey",
-            "ca.key",
-            "-CAcreateserial",
-            "-days",
-            "1",
-            "-extfile",
-            "leaf.ext",
-            "-out",
-            "leaf.pem",
-        ],
-    ];
-    for args in steps {
-        let out = Command::new("openssl")
-            .args(args)
-            .current_dir(dir)
-            .output()
-            .ok()?;
-        if !out.status.success() {
-            eprintln!("openssl: {}", String::from_utf8_lossy(&out.stderr));
-            return None;
-        }
-    }
-    Some((p("ca.pem"), p("leaf.pem"), p("leaf.key")))
+    let ca_key = KeyPair::generate().expect("CA key");
+    let mut ca_params = CertificateParams::new(Vec::<String>::new()).expect("CA params");
+    ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    ca_params
+        .distinguished_name
+        .push(DnType::CommonName, "plimsoll-test-ca");
+    let ca = ca_params.self_signed(&ca_key).expect("CA certificate");
+    let leaf_key = KeyPair::generate().expect("leaf key");
+    let leaf = CertificateParams::new(vec!["127.0.0.1".to_owned()])
+        .expect("leaf params")
+        .signed_by(&leaf_key, &ca, &ca_key)
+        .expect("leaf certificate");
+    std::fs::write(p("ca.pem"), ca.pem()).expect("write ca.pem");
+    std::fs::write(p("leaf.pem"), leaf.pem()).expect("write leaf.pem");
+    std::fs::write(p("leaf.key"), leaf_key.serialize_pem()).expect("write leaf.key");
+    (p("ca.pem"), p("leaf.pem"), p("leaf.key"))
 }
 
 // === the tampering proxy ===
