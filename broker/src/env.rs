@@ -24,8 +24,9 @@ pub const BROKER_CA_FILE: &str = "PLIMSOLL_BROKER_CA_FILE";
 /// supervises the broker sets it from its own configuration.
 pub const BROKER_GUEST_UID: &str = "PLIMSOLL_BROKER_GUEST_UID";
 
-/// Log format on stderr: `json` (the default) or `text`.
-pub const LOG_FORMAT: &str = "PLIMSOLL_LOG_FORMAT";
+/// Log format on stderr: `json` (the default) or `text`; the name the guard and plimsolld
+/// read too.
+pub const LOG_FORMAT: &str = guard::env::LOG_FORMAT;
 
 /// Where variables come from: the process environment in the binary, a map in tests.
 pub trait Environment {

@@ -3,8 +3,8 @@
 //! The guard binary reads only these names; `guard --help` lists them. Some share a name with
 //! a plimsolld setting (the TLS pair, `SANDBOX_MAX_CONCURRENT`, `PLIMSOLL_HARDENED`, the log
 //! format) because the guard is that daemon's guard listener run as its own process: an
-//! operator gives both processes the same values. plimsolld's own table names
-//! [`GUARD_ADDR`] and [`BROKER_GUARD_SOCKET`] from here.
+//! operator gives both processes the same values: plimsolld's table (and the broker's, for
+//! the log format) names those from here, and [`GUARD_ADDR`] too.
 
 /// The guard's listener, `host:port` (`:0` picks a free port). Required by the guard binary;
 /// plimsolld requires it exactly when a guard URL is set (config.md §2.1).

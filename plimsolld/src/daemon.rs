@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-use plimsoll::tier::{Floor, IsolationTier};
+use plimsoll::tier::IsolationTier;
 use tokio::net::TcpListener;
 
 use crate::admission::Admission;
@@ -87,7 +87,7 @@ pub enum StartupError {
     )]
     BelowFloor {
         /// The configured floor.
-        floor: String,
+        floor: IsolationTier,
         /// The proven tier.
         proven: IsolationTier,
     },
@@ -356,17 +356,13 @@ fn reap_stale_broker_dirs() {
 /// The checks that need the proven tier: `SANDBOX_MIN_ISOLATION` (step 17)
 /// and the second hardened-mode pass (step 20).
 fn after_proof(config: &Config, proven: IsolationTier) -> Result<(), StartupError> {
-    if let Some(floor) = &config.min_isolation {
-        let parsed = Floor::parse(floor).unwrap_or(Floor::NONE);
-        if parsed.tier().is_none() || !parsed.is_met_by(proven) {
-            return Err(StartupError::BelowFloor {
-                floor: floor.clone(),
-                proven,
-            });
-        }
+    if let Some(floor) = config.min_isolation
+        && proven < floor
+    {
+        return Err(StartupError::BelowFloor { floor, proven });
     }
     if config.hardened {
-        enforce_hardened(config, Some(proven.as_str()))?;
+        enforce_hardened(config, Some(proven))?;
         tracing::info!("hardened mode: production policy verified and enforced");
     }
     Ok(())

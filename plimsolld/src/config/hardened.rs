@@ -17,9 +17,10 @@ use super::env::{
 };
 use super::listen_addr::is_loopback_addr;
 use super::{AuthConfig, Config};
+use plimsoll::tier::IsolationTier;
 
-/// Tiers hardened mode accepts.
-const HARDENED_TIERS: &[&str] = &["kernel", "vm"];
+/// The weakest tier hardened mode accepts (`kernel`, so `kernel` and `vm`).
+const HARDENED_FLOOR: IsolationTier = IsolationTier::Kernel;
 
 /// The policy was violated; lists every violation. Displays as one line.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -36,16 +37,15 @@ pub struct HardenedError {
 /// ([`ProviderSettings::highest_tier`](crate::provider::config::ProviderSettings::highest_tier)),
 /// so `disabled` and
 /// `wasm` fail at once while a provider that might reach `kernel` waits for its proof. On the
-/// second pass it is the tier the smoke test proved (`none`, `process`, `container`, `kernel`,
-/// `vm` or `unknown`). Computes the violations whether or not `config.hardened` is set; see
+/// second pass it is the tier the smoke test proved. Computes the violations whether or not `config.hardened` is set; see
 /// [`enforce_hardened`] for the gate.
-pub fn hardened_violations(config: &Config, proven_tier: Option<&str>) -> Vec<String> {
+pub fn hardened_violations(config: &Config, proven_tier: Option<IsolationTier>) -> Vec<String> {
     let mut violations = Vec::new();
     let provider = config.provider.settings();
 
     // 1. Isolation. A provider that cannot reach `kernel` fails before the proof.
-    let tier = proven_tier.unwrap_or(provider.highest_tier().as_str());
-    if !HARDENED_TIERS.contains(&tier) {
+    let tier = proven_tier.unwrap_or(provider.highest_tier());
+    if tier < HARDENED_FLOOR {
         let how = if proven_tier.is_some() {
             "proved"
         } else {
@@ -166,7 +166,10 @@ pub fn hardened_violations(config: &Config, proven_tier: Option<&str>) -> Vec<St
 /// `Ok` when hardened mode is off or the policy holds; otherwise every violation.
 ///
 /// Call it with `None` before binding listeners and with `Some(tier)` after the smoke test.
-pub fn enforce_hardened(config: &Config, proven_tier: Option<&str>) -> Result<(), HardenedError> {
+pub fn enforce_hardened(
+    config: &Config,
+    proven_tier: Option<IsolationTier>,
+) -> Result<(), HardenedError> {
     if !config.hardened {
         return Ok(());
     }
@@ -216,21 +219,25 @@ mod tests {
     use crate::provider::config::ProviderConfig;
 
     fn violations(config: &Config) -> Vec<String> {
-        hardened_violations(config, Some("kernel"))
+        hardened_violations(config, Some(IsolationTier::Kernel))
     }
 
     #[test]
     fn a_complete_configuration_with_a_kernel_tier_passes() {
         assert_eq!(violations(&passing()), Vec::<String>::new());
-        assert!(hardened_violations(&passing(), Some("vm")).is_empty());
-        assert!(enforce_hardened(&passing(), Some("kernel")).is_ok());
+        assert!(hardened_violations(&passing(), Some(IsolationTier::Vm)).is_empty());
+        assert!(enforce_hardened(&passing(), Some(IsolationTier::Kernel)).is_ok());
     }
 
     #[test]
     fn tiers_below_kernel_fail_after_proof() {
-        for tier in ["none", "process", "container", "unknown"] {
+        for tier in [
+            IsolationTier::None,
+            IsolationTier::Process,
+            IsolationTier::Container,
+        ] {
             let found = hardened_violations(&passing(), Some(tier));
-            assert_eq!(found.len(), 1, "{tier}");
+            assert_eq!(found.len(), 1, "{tier:?}");
             assert!(found[0].starts_with("isolation:"), "{found:?}");
         }
     }
@@ -424,6 +431,6 @@ mod tests {
         let mut config = passing();
         config.hardened = false;
         config.auth = AuthConfig::Open;
-        assert!(enforce_hardened(&config, Some("none")).is_ok());
+        assert!(enforce_hardened(&config, Some(IsolationTier::None)).is_ok());
     }
 }

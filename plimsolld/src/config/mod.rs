@@ -23,6 +23,8 @@ pub(crate) mod value;
 
 use std::path::PathBuf;
 
+use plimsoll::tier::{Floor, IsolationTier};
+
 use crate::auth::clients_file::{self, ClientsFile, ClientsFileError, TokenShapeError};
 use crate::provider::config::{KNOWN_PROVIDERS, KnownProvider, ProviderConfig, SharedSettings};
 use env::*;
@@ -31,10 +33,6 @@ use value::ScalarError;
 
 pub use env::{ProcessEnv, Strings, help_text, unknown_variables};
 pub use hardened::{HardenedError, enforce_hardened, hardened_violations};
-
-/// Isolation floors `SANDBOX_MIN_ISOLATION` accepts, weakest first. `none` and `unknown` are
-/// tiers a provider can report, never a floor.
-pub const FLOOR_TIERS: &[&str] = &["process", "container", "kernel", "vm"];
 
 // === Config types ===
 
@@ -110,9 +108,10 @@ pub struct Config {
     pub hardened: bool,
     /// `SANDBOX_PROVIDER`, with that provider's own settings.
     pub provider: ProviderConfig,
-    /// `SANDBOX_MIN_ISOLATION`: one of [`FLOOR_TIERS`], or `None` for no floor. Compared with
-    /// the proven tier only after the smoke test.
-    pub min_isolation: Option<String>,
+    /// `SANDBOX_MIN_ISOLATION`: a floor's tier (`process` and up, as a request's
+    /// `minimum_isolation` takes it), or `None` for no floor. Compared with the proven tier
+    /// only after the smoke test.
+    pub min_isolation: Option<IsolationTier>,
     /// The per-run envelope.
     pub resources: Resources,
     /// `SANDBOX_MAX_CONCURRENT`, in `[1, 1024]`, before any memory clamp.
@@ -355,15 +354,15 @@ impl Config {
     }
 
     /// Non-fatal findings the daemon should log as WARN lines, one per entry: open mode, a
-    /// token shadowed by a clients file, a metrics listener off loopback. Does not include
+    /// token shadowed by a clients file, a session cap that can take every run slot, an
+    /// ignored `SANDBOX_TOTAL_MEMORY_MB`, a metrics listener off loopback. Does not include
     /// [`Config::unknown_vars`], which have their own fixed message.
     pub fn warnings(&self, env: &dyn Strings) -> Vec<String> {
         let mut warnings = Vec::new();
         match &self.auth {
-            AuthConfig::Open if self.provider.settings().runs_code() => warnings.push(
-                "PLIMSOLL_INSECURE=1: a real sandbox provider is serving without authentication"
-                    .to_owned(),
-            ),
+            AuthConfig::Open if self.provider.settings().runs_code() => warnings.push(format!(
+                "{ENV_INSECURE}=1: a real sandbox provider is serving without authentication"
+            )),
             AuthConfig::Open => warnings.push(
                 "no authentication: PLIMSOLL_CLIENTS_FILE and PLIMSOLL_TOKEN are unset".to_owned(),
             ),
@@ -589,13 +588,13 @@ impl<'a> Reader<'a> {
         Some(provider)
     }
 
-    fn floor(&mut self) -> Option<String> {
+    fn floor(&mut self) -> Option<IsolationTier> {
         let value = self.trimmed(ENV_MIN_ISOLATION).to_lowercase();
         if value.is_empty() {
             return None;
         }
-        if FLOOR_TIERS.contains(&value.as_str()) {
-            Some(value)
+        if let Some(tier) = Floor::parse(&value).ok().and_then(Floor::tier) {
+            Some(tier)
         } else {
             self.problems.push(ConfigProblem::BadFloor {
                 value: shown(&value),

@@ -362,7 +362,7 @@ fn floor_accepts_the_four_tiers_trimmed_and_lower_cased() {
         ("vm", "vm"),
     ] {
         let config = ok(&[("SANDBOX_MIN_ISOLATION", text)]);
-        assert_eq!(config.min_isolation.as_deref(), Some(want));
+        assert_eq!(config.min_isolation.map(IsolationTier::as_str), Some(want));
     }
 }
 

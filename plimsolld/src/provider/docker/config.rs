@@ -641,7 +641,7 @@ mod tests {
     }
 
     fn violations(config: &Config) -> Vec<String> {
-        hardened_violations(config, Some("kernel"))
+        hardened_violations(config, Some(plimsoll::tier::IsolationTier::Kernel))
     }
 
     #[test]
@@ -681,7 +681,7 @@ mod tests {
             found[0].contains("SANDBOX_DOCKER_RUNTIME=runsc"),
             "{found:?}"
         );
-        let found = hardened_violations(&config, Some("container"));
+        let found = hardened_violations(&config, Some(plimsoll::tier::IsolationTier::Container));
         assert!(found[0].starts_with("isolation:"), "{found:?}");
     }
 
