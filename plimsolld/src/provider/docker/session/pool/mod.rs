@@ -9,7 +9,8 @@
 //!   expiry label covers the open's lifetime, its warm relays are attached and its container
 //!   reads back as verified. A member that fails is ended, never handed out.
 //! - One filler task makes members one at a time (the refill warms what [`demand`] names),
-//!   backs off on failures, and wakes on a claim, a removal, or every minute.
+//!   backs off on failures (only the drain cuts a backoff short), and wakes on a claim, a
+//!   removal, or every minute.
 //! - The drain (SIGTERM) removes every member, and waits for the one being made.
 //!
 //! The one-shot snippet's container made ahead lives in `docker::pool`; this is the session's.
@@ -128,7 +129,7 @@ impl SessionPool {
             state.busy += 1;
         }
         let first = self.make_member(inner, all_languages(inner)).await;
-        self.done_busy();
+        self.done_busy(false);
         self.put(first?);
         let task = tokio::spawn(fill(Arc::clone(self), Arc::clone(inner)));
         *self.filler.lock().unwrap_or_else(|e| e.into_inner()) = Some(task);
@@ -240,11 +241,15 @@ impl SessionPool {
         }
     }
 
-    fn done_busy(&self) {
+    /// A make or a removal is done. A removal wakes the filler (it makes room); a make does
+    /// not: that wake would end the filler's failure backoff at once.
+    fn done_busy(&self, wakes: bool) {
         let mut state = self.state();
         state.busy = state.busy.saturating_sub(1);
         drop(state);
-        self.wake.notify_one();
+        if wakes {
+            self.wake.notify_one();
+        }
         self.settled.notify_waiters();
     }
 
@@ -256,7 +261,7 @@ impl SessionPool {
         let pool = Arc::clone(self);
         tokio::spawn(async move {
             session.finish().await;
-            pool.done_busy();
+            pool.done_busy(true);
         });
     }
 
@@ -349,6 +354,23 @@ impl SessionPool {
         set
     }
 
+    /// The filler's wait after a failed make. Only the drain cuts it short: a claim or a
+    /// removal makes room but does not make the failure go away, and without the wait a
+    /// lasting failure (docker down, a moved tag) would be a loop of makes against docker.
+    async fn back_off(&self, wait: Duration) {
+        let until = Instant::now() + wait;
+        loop {
+            let woken = self.wake.notified();
+            if self.closed() {
+                return;
+            }
+            tokio::select! {
+                () = woken => {}
+                () = tokio::time::sleep_until(until) => return,
+            }
+        }
+    }
+
     /// The drain: no more members; every member is removed, the one being made too, within
     /// `budget`.
     pub async fn drain(&self, budget: Duration) {
@@ -414,7 +436,7 @@ async fn fill(pool: Arc<SessionPool>, inner: Arc<Inner>) {
             continue;
         };
         let made = pool.make_member(&inner, set).await;
-        pool.done_busy();
+        pool.done_busy(false);
         match made {
             Ok(member) => {
                 backoff = FIRST_BACKOFF;
@@ -422,10 +444,7 @@ async fn fill(pool: Arc<SessionPool>, inner: Arc<Inner>) {
             }
             Err(e) => {
                 tracing::warn!(error = %e, retry_in = ?backoff, "warm pool: a member could not be made");
-                tokio::select! {
-                    () = pool.wake.notified() => {}
-                    () = tokio::time::sleep(backoff) => {}
-                }
+                pool.back_off(backoff).await;
                 backoff = (backoff * 2).min(MAX_BACKOFF);
             }
         }
@@ -468,18 +487,4 @@ fn hint_set(hints: &[String], image: &LanguageSet) -> LanguageSet {
 }
 
 #[cfg(test)]
-#[allow(clippy::unwrap_used, clippy::expect_used)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_hint_is_the_hinted_languages_the_image_runs() {
-        let image: LanguageSet = vec!["javascript".into(), "python".into()];
-        assert_eq!(
-            hint_set(&["python".into()], &image),
-            vec!["python".to_owned()]
-        );
-        assert_eq!(hint_set(&[], &image), image);
-        assert_eq!(hint_set(&["ruby".into()], &image), image);
-    }
-}
+mod tests;
