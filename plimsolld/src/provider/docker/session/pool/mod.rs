@@ -8,6 +8,9 @@
 //!   that state's key matches the one it was made under, it is at most [`MAX_AGE`] old, its
 //!   expiry label covers the open's lifetime, its warm relays are attached and its container
 //!   reads back as verified. A member that fails is ended, never handed out.
+//! - A member counts toward the size from the start of its make until it is in the pool, and
+//!   from the moment it leaves the pool until it is handed out or its container is gone
+//!   ([`Counted`]).
 //! - One filler task makes members one at a time (the refill warms what [`demand`] names),
 //!   backs off on failures (only the drain cuts a backoff short), and wakes on a claim, a
 //!   removal, or every minute.
@@ -88,7 +91,8 @@ struct Sizing {
 struct State {
     sizing: Option<Sizing>,
     members: Vec<Member>,
-    /// Members being made or removed: they count toward the size until done.
+    /// Members being made, checked for a claim or removed: they count toward the size until
+    /// done. Each is one [`Counted`].
     busy: u32,
     demand: Option<Demand>,
     last_move: Option<Instant>,
@@ -108,10 +112,53 @@ pub struct SessionPool {
     filler: Mutex<Option<tokio::task::JoinHandle<()>>>,
 }
 
+/// One unit of [`State::busy`], taken in the same lock as the member leaves (or, for a make,
+/// before it starts). It is given back when dropped, however its work ends (a make that
+/// fails, is cancelled or panics included), or by [`SessionPool::put`] in the same lock as
+/// the member enters the pool: a member never counts twice, nor nowhere.
+struct Counted {
+    /// `None` once given back.
+    pool: Option<Arc<SessionPool>>,
+    /// Whether giving it back wakes the filler: a claim or a removal makes room. The
+    /// filler's own make does not: that wake would end its failure backoff at once.
+    wakes: bool,
+}
+
+impl Drop for Counted {
+    fn drop(&mut self) {
+        if let Some(pool) = self.pool.take() {
+            pool.uncount(self.wakes);
+        }
+    }
+}
+
+/// A member out of the pool, counted until it is handed out or gone.
+type Taken = (Member, Counted);
+
 impl SessionPool {
     fn state(&self) -> MutexGuard<'_, State> {
         // Every change is one assignment or push/remove; a poisoned state is still whole.
         self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Counts one member being made, checked or removed; `state` is this pool's, locked.
+    fn count(self: &Arc<Self>, state: &mut State, wakes: bool) -> Counted {
+        state.busy += 1;
+        Counted {
+            pool: Some(Arc::clone(self)),
+            wakes,
+        }
+    }
+
+    fn uncount(&self, wakes: bool) {
+        {
+            let mut state = self.state();
+            state.busy = state.busy.saturating_sub(1);
+        }
+        if wakes {
+            self.wake.notify_one();
+        }
+        self.settled.notify_waiters();
     }
 
     /// Starts the pool: makes the first member now (its failure is the caller's), then
@@ -122,15 +169,27 @@ impl SessionPool {
         size: u32,
         max_lifetime: Duration,
     ) -> Result<(), ProviderError> {
-        {
+        let counted = {
             let mut state = self.state();
             state.sizing = Some(Sizing { size, max_lifetime });
             state.demand = Some(Demand::new(size));
-            state.busy += 1;
-        }
-        let first = self.make_member(inner, all_languages(inner)).await;
-        self.done_busy(false);
-        self.put(first?);
+            self.count(&mut state, false)
+        };
+        // The make is the pool's task, not this future: a start abandoned at its budget (the
+        // caller drops it) must not drop a half-made member, whose container would then
+        // outlive the daemon; the make ends by itself, and the drain waits for it and removes
+        // what it made.
+        let first = tokio::spawn({
+            let (pool, inner) = (Arc::clone(self), Arc::clone(inner));
+            async move {
+                let member = pool.make_member(&inner, all_languages(&inner)).await?;
+                pool.put(member, counted);
+                Ok::<(), ProviderError>(())
+            }
+        });
+        first.await.map_err(|e| {
+            ProviderError::infrastructure(format!("warm pool: the first member's make failed: {e}"))
+        })??;
         let task = tokio::spawn(fill(Arc::clone(self), Arc::clone(inner)));
         *self.filler.lock().unwrap_or_else(|e| e.into_inner()) = Some(task);
         Ok(())
@@ -177,41 +236,45 @@ impl SessionPool {
         };
         loop {
             let (chosen, stale) = self.choose(&key, expires, &hinted);
-            for member in stale {
-                self.remove(member.session, "stale");
+            for (member, counted) in stale {
+                self.remove(member.session, counted, "stale");
             }
-            let Some(mut member) = chosen else {
+            let Some((mut member, counted)) = chosen else {
                 self.missed();
                 return None;
             };
-            // The filler replaces what was taken.
-            self.wake.notify_one();
             let verified = member.session.warm_alive() && member.session.prepare().await.is_ok();
             if verified {
                 self.claims.fetch_add(1, Ordering::Relaxed);
+                // Handed out: the filler replaces it.
+                drop(counted);
                 return Some(member.session);
             }
             tracing::warn!(
                 container = %member.session.name,
                 "a warm pool member failed its verification at claim; it is ended, not handed out"
             );
-            self.remove(member.session, "failed verification");
+            self.remove(member.session, counted, "failed verification");
         }
     }
 
     /// Takes the best claimable member for `hinted` (most hinted languages warm, then fewest
-    /// extra, then oldest), and every stale member.
+    /// extra, then oldest), and every stale member, each counted until handed out or gone.
     fn choose(
-        &self,
+        self: &Arc<Self>,
         key: &Key,
         expires: u64,
         hinted: &LanguageSet,
-    ) -> (Option<Member>, Vec<Member>) {
+    ) -> (Option<Taken>, Vec<Taken>) {
         let mut state = self.state();
         let (fresh, stale): (Vec<Member>, Vec<Member>) = std::mem::take(&mut state.members)
             .into_iter()
             .partition(|m| &m.key == key && m.born.elapsed() <= MAX_AGE && m.expires >= expires);
         state.members = fresh;
+        let stale = stale
+            .into_iter()
+            .map(|m| (m, self.count(&mut state, true)))
+            .collect();
         let best = state
             .members
             .iter()
@@ -222,7 +285,10 @@ impl SessionPool {
                 (warm, std::cmp::Reverse(extra), std::cmp::Reverse(m.born))
             })
             .map(|(i, _)| i);
-        let chosen = best.map(|i| state.members.remove(i));
+        let chosen = best.map(|i| {
+            let member = state.members.remove(i);
+            (member, self.count(&mut state, true))
+        });
         (chosen, stale)
     }
 
@@ -230,38 +296,29 @@ impl SessionPool {
         self.misses.fetch_add(1, Ordering::Relaxed);
     }
 
-    /// Adds a member, or removes it when the pool closed meanwhile.
-    fn put(self: &Arc<Self>, member: Member) {
+    /// Adds a member (made, or back from a claim), giving back its count in the same lock;
+    /// when the pool closed meanwhile it is removed instead.
+    fn put(self: &Arc<Self>, member: Member, mut counted: Counted) {
         let mut state = self.state();
         if state.closed {
             drop(state);
-            self.remove(member.session, "the pool is closed");
-        } else {
-            state.members.push(member);
+            self.remove(member.session, counted, "the pool is closed");
+            return;
         }
-    }
-
-    /// A make or a removal is done. A removal wakes the filler (it makes room); a make does
-    /// not: that wake would end the filler's failure backoff at once.
-    fn done_busy(&self, wakes: bool) {
-        let mut state = self.state();
+        state.members.push(member);
         state.busy = state.busy.saturating_sub(1);
+        counted.pool = None;
         drop(state);
-        if wakes {
-            self.wake.notify_one();
-        }
         self.settled.notify_waiters();
     }
 
-    /// Removes a member's container off the caller's path; it counts toward the size until
-    /// it is gone.
-    fn remove(self: &Arc<Self>, mut session: DockerSession, why: &'static str) {
+    /// Removes a member's container off the caller's path; it counts toward the size (by
+    /// `counted`) until it is gone.
+    fn remove(self: &Arc<Self>, mut session: DockerSession, counted: Counted, why: &'static str) {
         tracing::info!(container = %session.name, why, "removing a warm pool member");
-        self.state().busy += 1;
-        let pool = Arc::clone(self);
         tokio::spawn(async move {
             session.finish().await;
-            pool.done_busy(true);
+            drop(counted);
         });
     }
 
@@ -299,8 +356,8 @@ impl SessionPool {
         }
     }
 
-    /// The filler's next step: the set to warm, when there is room.
-    fn next_set(self: &Arc<Self>, inner: &Inner) -> Option<LanguageSet> {
+    /// The filler's next step: the set to warm, counted, when there is room.
+    fn next_set(self: &Arc<Self>, inner: &Inner) -> Option<(LanguageSet, Counted)> {
         let mut state = self.state();
         let sizing = state.sizing?;
         if state.closed {
@@ -332,26 +389,30 @@ impl SessionPool {
             moved = Some(state.members.remove(i));
         }
         // What is about to be removed still counts toward the size.
-        let leaving = old.len() as u64 + u64::from(moved.is_some());
-        let room =
-            state.members.len() as u64 + u64::from(state.busy) + leaving < u64::from(sizing.size);
-        let set = room.then(|| {
-            state.busy += 1;
-            demand
+        let old: Vec<Taken> = old
+            .into_iter()
+            .map(|m| (m, self.count(&mut state, true)))
+            .collect();
+        let moved = moved.map(|m| (m, self.count(&mut state, true)));
+        let room = state.members.len() as u64 + u64::from(state.busy) < u64::from(sizing.size);
+        let next = room.then(|| {
+            let set = demand
                 .and_then(|d| d.refill(&held(&state.members)))
-                .unwrap_or_else(|| all_languages(inner))
+                .unwrap_or_else(|| all_languages(inner));
+            (set, self.count(&mut state, false))
         });
         drop(state);
-        for member in old {
-            self.remove(member.session, "older than the pool's maximum age");
+        for (member, counted) in old {
+            self.remove(member.session, counted, "older than the pool's maximum age");
         }
-        if let Some(member) = moved {
+        if let Some((member, counted)) = moved {
             self.remove(
                 member.session,
+                counted,
                 "rebalanced toward the languages opens ask for",
             );
         }
-        set
+        next
     }
 
     /// The filler's wait after a failed make. Only the drain cuts it short: a claim or a
@@ -400,7 +461,8 @@ impl SessionPool {
         {
             tracing::warn!("drain: the warm pool's filler did not stop in time");
         }
-        // Removals started before the drain (claims, rebalancing) finish too.
+        // Removals started before the drain (claims, rebalancing) finish too, and a first
+        // member whose start was abandoned.
         loop {
             let settled = self.settled.notified();
             if self.state().busy == 0 {
@@ -408,7 +470,7 @@ impl SessionPool {
             }
             if tokio::time::timeout_at(deadline, settled).await.is_err() {
                 tracing::warn!(
-                    "drain: a warm pool member is still being removed; its expiry label is the backstop"
+                    "drain: a warm pool member is still being made or removed; its expiry label is the backstop"
                 );
                 break;
             }
@@ -428,21 +490,20 @@ async fn fill(pool: Arc<SessionPool>, inner: Arc<Inner>) {
         if pool.closed() {
             return;
         }
-        let Some(set) = pool.next_set(&inner) else {
+        let Some((set, counted)) = pool.next_set(&inner) else {
             tokio::select! {
                 () = pool.wake.notified() => {}
                 () = tokio::time::sleep(FILL_EVERY) => {}
             }
             continue;
         };
-        let made = pool.make_member(&inner, set).await;
-        pool.done_busy(false);
-        match made {
+        match pool.make_member(&inner, set).await {
             Ok(member) => {
                 backoff = FIRST_BACKOFF;
-                pool.put(member);
+                pool.put(member, counted);
             }
             Err(e) => {
+                drop(counted);
                 tracing::warn!(error = %e, retry_in = ?backoff, "warm pool: a member could not be made");
                 pool.back_off(backoff).await;
                 backoff = (backoff * 2).min(MAX_BACKOFF);

@@ -138,3 +138,33 @@ async fn failed_makes_are_a_backoff_apart_and_the_drain_ends_the_wait() {
     assert!(pool.filler.lock().unwrap().is_none());
     assert_eq!(lines.times_of(failed).len(), 4);
 }
+
+/// A start abandoned at its budget (the daemon's timeout drops it) while its first make waits
+/// on a docker that never answers: the make goes on, counted, ends by itself (preflight's
+/// 10 s bound) and is then no longer counted, so the drain that follows finds the pool empty.
+/// Before, the dropped make left `busy` at 1 for good (and its container, had one been made,
+/// until its expiry label).
+#[tokio::test(start_paused = true)]
+async fn a_start_abandoned_at_its_budget_leaves_nothing_counted() {
+    let dir = tempfile::tempdir().unwrap();
+    let socket = dir.path().join("silent.sock");
+    // Connections are taken (the backlog) and never answered.
+    let _silent = std::os::unix::net::UnixListener::bind(&socket).unwrap();
+    let docker = provider(&socket);
+    let (inner, pool) = (&docker.inner, Arc::clone(&docker.inner.session_pool));
+    let started = tokio::time::timeout(
+        Duration::from_secs(1),
+        pool.start(inner, 1, Duration::from_secs(60)),
+    )
+    .await;
+    assert!(started.is_err(), "the start was abandoned: {started:?}");
+    assert_eq!(pool.state().busy, 1, "the first make still counts");
+    let draining = Instant::now();
+    pool.drain(Duration::from_secs(60)).await;
+    assert_eq!(pool.state().busy, 0, "nothing counts once the make ended");
+    assert!(
+        draining.elapsed() < Duration::from_secs(30),
+        "the drain waited for the make, not its whole budget: {:?}",
+        draining.elapsed()
+    );
+}
