@@ -338,21 +338,7 @@ fn a_session_whose_agent_is_gone_ends_at_the_next_call() {
         .and_then(|i| i.strip_prefix("docker-container:"))
         .expect("a docker-container instance")
         .to_owned();
-    // Root in a session container holds no CAP_KILL: the agent's own uid ends it. (The
-    // pattern is split so that this shell's own command line does not match it.)
-    let find = r#"for p in /proc/[0-9]*; do case "$(tr '\0' ' ' <$p/cmdline 2>/dev/null)" in *"plimsoll-relay"" agent "*) while read -r k v rest; do [ "$k" = Uid: ] && echo "${p#/proc/} $v"; done <$p/status;; esac; done"#;
-    let (ok, out) = docker(&["exec", "-u", "0:0", &container, "sh", "-c", find]);
-    let (pid, uid) = out
-        .split_whitespace()
-        .collect::<Vec<_>>()
-        .chunks(2)
-        .next()
-        .and_then(|c| Some((c.first()?.to_string(), c.get(1)?.to_string())))
-        .unwrap_or_default();
-    assert!(ok && !pid.is_empty(), "the agent: {out}");
-    let user = format!("{uid}:{uid}");
-    let (ok, out) = docker(&["exec", "-u", &user, &container, "kill", "-9", &pid]);
-    assert!(ok, "{out}");
+    kill_agent(&container);
     let resp = session_run_as(
         &d,
         None,
@@ -363,4 +349,23 @@ fn a_session_whose_agent_is_gone_ends_at_the_next_call() {
     assert_eq!(err.code, "failed_precondition", "{resp}");
     let summary = close_as(&d, None, &id).json();
     assert_eq!(summary["ended"], "SESSION_END_BOUNDARY_FAILED", "{summary}");
+}
+
+/// Kills the session agent in `container` from outside. Root in a session container holds no
+/// CAP_KILL: the agent's own uid ends it. (The pattern is split so that this shell's own
+/// command line does not match it.)
+pub(super) fn kill_agent(container: &str) {
+    let find = r#"for p in /proc/[0-9]*; do case "$(tr '\0' ' ' <$p/cmdline 2>/dev/null)" in *"plimsoll-relay"" agent "*) while read -r k v rest; do [ "$k" = Uid: ] && echo "${p#/proc/} $v"; done <$p/status;; esac; done"#;
+    let (ok, out) = docker(&["exec", "-u", "0:0", container, "sh", "-c", find]);
+    let (pid, uid) = out
+        .split_whitespace()
+        .collect::<Vec<_>>()
+        .chunks(2)
+        .next()
+        .and_then(|c| Some((c.first()?.to_string(), c.get(1)?.to_string())))
+        .unwrap_or_default();
+    assert!(ok && !pid.is_empty(), "the agent: {out}");
+    let user = format!("{uid}:{uid}");
+    let (ok, out) = docker(&["exec", "-u", &user, container, "kill", "-9", &pid]);
+    assert!(ok, "{out}");
 }

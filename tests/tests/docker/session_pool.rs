@@ -2,7 +2,7 @@
 //! the startup proof served by a member, opens served without creating a container, the
 //! language hint choosing the member warm for python, a member never handed out twice,
 //! Describe and `/metrics` showing the pool, and SIGTERM removing every member. Members that
-//! fail are in [`faults`].
+//! fail and docker that fails are in [`faults`].
 
 use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
@@ -15,6 +15,8 @@ use super::session::{close_as, open};
 use super::{docker, docker_ready, env_with, instance, send, stop};
 use plimsoll_tests::connect;
 
+#[path = "session_pool/docker_proxy.rs"]
+mod docker_proxy;
 #[path = "session_pool/faults.rs"]
 mod faults;
 #[path = "session_pool/member_memory.rs"]
@@ -25,14 +27,18 @@ const FILL_WITHIN: Duration = Duration::from_secs(180);
 
 /// A daemon with sessions on and a pool of `size`, its metrics listener on loopback.
 fn pooled(size: &str, max_sessions: &str) -> Daemon {
-    Daemon::start_within(
-        &env_with(&[
-            ("SANDBOX_MAX_SESSIONS", max_sessions),
-            ("SANDBOX_SESSION_POOL", size),
-            ("PLIMSOLL_METRICS_ADDR", "127.0.0.1:0"),
-        ]),
-        Duration::from_secs(240),
-    )
+    pooled_with(size, max_sessions, &[])
+}
+
+/// [`pooled`], with `extra` settings.
+fn pooled_with(size: &str, max_sessions: &str, extra: &[(&str, &str)]) -> Daemon {
+    let mut env = vec![
+        ("SANDBOX_MAX_SESSIONS", max_sessions),
+        ("SANDBOX_SESSION_POOL", size),
+        ("PLIMSOLL_METRICS_ADDR", "127.0.0.1:0"),
+    ];
+    env.extend_from_slice(extra);
+    Daemon::start_within(&env_with(&env), Duration::from_secs(240))
 }
 
 /// Every container (running or not) carrying all of `labels`, by full id.

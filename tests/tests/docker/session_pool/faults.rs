@@ -1,17 +1,22 @@
-//! Warm pool members that fail (providers.md §9.8): a member that fails its check at claim is
-//! ended, never handed out, and counts toward the size until its container is gone.
+//! Warm pool members that fail, and a docker that does not answer (providers.md §9.8): a
+//! member that fails its check at claim is ended, never handed out, and counts toward the size
+//! until its container is gone; one whose agent died is ended too; a docker that does not
+//! answer the read-back at claim leaves every member in the pool.
 
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
+use plimsoll_tests::http1::Request;
 use serde_json::json;
 
 use super::super::session::{close_as, open};
-use super::super::{docker, docker_ready, instance, stop};
+use super::super::session_hostile::kill_agent;
+use super::super::{docker, docker_ready, instance, send, stop};
+use super::docker_proxy::DockerProxy;
 use super::{
-    cell_run, container_of, counter, describe_pool, gone, pooled, session_containers, total,
-    wait_warm,
+    cell_run, container_of, counter, describe_pool, gone, pooled, pooled_with, session_containers,
+    total, wait_warm, warm,
 };
-use plimsoll_tests::Daemon;
+use plimsoll_tests::{Daemon, connect};
 
 /// Unix seconds now, as `docker events` reads them.
 fn unix_now() -> String {
@@ -107,6 +112,87 @@ fn a_member_that_fails_its_verification_is_ended_not_handed_out_and_counts_until
     assert!(
         matches!((removed, created), (Some(r), Some(c)) if r < c),
         "the failed member's removal comes before its replacement's creation: {events:?}"
+    );
+    assert_eq!(close_as(&d, None, &id).status, 200);
+    stop(d);
+}
+
+#[test]
+fn a_member_whose_agent_is_gone_is_ended_not_handed_out() {
+    require_docker!();
+    let d = pooled("1", "2");
+    wait_warm(&d, "one member", |w| total(w) == 1);
+    let member = session_containers(&d)
+        .into_iter()
+        .next()
+        .expect("one member");
+    // Its relays stay attached and its container reads back as verified: only a round trip
+    // to the agent finds it gone.
+    kill_agent(&member);
+    let (id, _) = open(&d, json!({}));
+    let run = cell_run(&d, &id, "javascript", "1 + 1");
+    assert_ne!(
+        container_of(&run),
+        member,
+        "the member without an agent was not handed out"
+    );
+    wait_gone(&member);
+    let why = failed_checks(&d);
+    assert!(
+        why.len() == 1 && why[0].contains("agent"),
+        "{why:?}\n{}",
+        d.logs().join("\n")
+    );
+    assert_eq!(close_as(&d, None, &id).status, 200);
+    stop(d);
+}
+
+#[test]
+fn a_docker_that_does_not_answer_at_claim_leaves_every_member_in_the_pool() {
+    require_docker!();
+    let proxy = DockerProxy::start();
+    let host = proxy.docker_host();
+    let d = pooled_with("2", "4", &[("DOCKER_HOST", &host)]);
+    wait_warm(&d, "two members", |w| total(w) == 2);
+    let members = session_containers(&d);
+    assert_eq!(members.len(), 2, "{members:?}");
+    let kept = proxy.hiccup();
+    let body = json!({ "protocol": connect::PROTOCOL });
+    let opened = send(d.addr, &connect::call("OpenSession", &body));
+    proxy.restore();
+    assert_ne!(
+        opened.status, 200,
+        "no member is handed out and no container made while docker does not answer: {opened}"
+    );
+    let records = d.log_records();
+    assert!(
+        !records
+            .iter()
+            .any(|r| r["msg"] == "removing a warm pool member"),
+        "no member was removed ({kept} exec streams went on):\n{}",
+        d.logs().join("\n")
+    );
+    assert!(
+        records.iter().any(|r| r["msg"]
+            == "docker did not answer a warm pool member's read-back at claim; it stays in the pool"),
+        "{}",
+        d.logs().join("\n")
+    );
+    assert_eq!(total(&warm(&d)), 2, "{:?}", warm(&d));
+    // Once docker answers a preflight again, the next open is served by one of the two.
+    let until = Instant::now() + Duration::from_secs(30);
+    while Request::get("/readyz").send(d.addr).status != 200 {
+        assert!(
+            Instant::now() < until,
+            "the provider never became ready again"
+        );
+        std::thread::sleep(Duration::from_millis(250));
+    }
+    let (id, _) = open(&d, json!({}));
+    let run = cell_run(&d, &id, "javascript", "1 + 1");
+    assert!(
+        members.contains(&container_of(&run)),
+        "a member made before docker's hiccup served the open: {run}"
     );
     assert_eq!(close_as(&d, None, &id).status, 200);
     stop(d);

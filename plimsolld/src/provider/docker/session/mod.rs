@@ -44,6 +44,8 @@ pub use container::NAME_PREFIX;
 
 /// A hold's or release's budget (the agent proves a stop within 2 s).
 const HOLD_BUDGET: std::time::Duration = std::time::Duration::from_secs(10);
+/// How long an idle agent may take to answer a check.
+const AGENT_CHECK_BUDGET: std::time::Duration = std::time::Duration::from_secs(5);
 /// Where Yama's ptrace policy is read on the host.
 const YAMA_PTRACE_SCOPE: &str = "/proc/sys/kernel/yama/ptrace_scope";
 
@@ -261,6 +263,19 @@ impl DockerSession {
                 Err(e.to_string())
             }
         }
+    }
+
+    /// A round trip to the agent now (a pool member's check at claim): `drop`, which ends
+    /// nothing on an agent that has run no snippet. An agent that fails it is let go.
+    async fn agent_answers(&mut self) -> Result<(), agent::AgentError> {
+        let Some(agent) = self.agent.get_mut().ok().and_then(Option::as_mut) else {
+            return Err(agent::AgentError::Ended);
+        };
+        let answered = agent.drop_spare(Instant::now() + AGENT_CHECK_BUDGET).await;
+        if answered.is_err() {
+            self.agent.get_mut().ok().map(Option::take);
+        }
+        answered
     }
 
     async fn create_and_prove(

@@ -6,8 +6,9 @@
 //!   back (closing the session removes its container like any other).
 //! - A claim reads the cached verified state (no preflight); a member is claimable only when
 //!   that state's key matches the one it was made under, it is at most [`MAX_AGE`] old, its
-//!   expiry label covers the open's lifetime, its warm relays are attached and its container
-//!   reads back as verified. A member that fails is ended, never handed out.
+//!   expiry label covers the open's lifetime, its warm relays are attached, its container
+//!   reads back as verified and its agent answers. A member that fails is ended, never handed
+//!   out; one docker does not answer about is kept, and the open makes its own container.
 //! - A member counts toward the size from the start of its make until it is in the pool, and
 //!   from the moment it leaves the pool until it is handed out or its container is gone
 //!   ([`Counted`]).
@@ -33,7 +34,7 @@ use super::super::container::unix_now;
 use super::super::preflight::Verified;
 use super::super::{Inner, not_ready};
 use super::{DockerSession, make, read_ptrace_scope, session_seccomp};
-use crate::provider::{PoolStatus, ProviderError, SessionOpen, SessionSandbox};
+use crate::provider::{PoolStatus, ProviderError, SessionFault, SessionOpen, SessionSandbox};
 
 /// The oldest a member may be when claimed; older ones are replaced.
 pub const MAX_AGE: Duration = Duration::from_secs(30 * 60);
@@ -134,6 +135,16 @@ impl Drop for Counted {
 
 /// A member out of the pool, counted until it is handed out or gone.
 type Taken = (Member, Counted);
+
+/// What a claim's check of a member found.
+enum Check {
+    /// Fit to hand out.
+    Ready,
+    /// Docker did not answer the read-back: nothing is known against the member.
+    Unanswered,
+    /// Unfit; why, for the log.
+    Failed(String),
+}
 
 impl SessionPool {
     fn state(&self) -> MutexGuard<'_, State> {
@@ -243,18 +254,33 @@ impl SessionPool {
                 self.missed();
                 return None;
             };
-            let verified = member.session.warm_alive() && member.session.prepare().await.is_ok();
-            if verified {
-                self.claims.fetch_add(1, Ordering::Relaxed);
-                // Handed out: the filler replaces it.
-                drop(counted);
-                return Some(member.session);
+            match check(&mut member.session).await {
+                Check::Ready => {
+                    self.claims.fetch_add(1, Ordering::Relaxed);
+                    // Handed out: the filler replaces it.
+                    drop(counted);
+                    return Some(member.session);
+                }
+                Check::Unanswered => {
+                    // Docker's hiccup is not the member's fault, and the next member would
+                    // meet the same: it goes back, and the open makes its own container.
+                    tracing::warn!(
+                        container = %member.session.name,
+                        "docker did not answer a warm pool member's read-back at claim; it stays in the pool"
+                    );
+                    self.put(member, counted);
+                    self.missed();
+                    return None;
+                }
+                Check::Failed(why) => {
+                    tracing::warn!(
+                        container = %member.session.name,
+                        why = %why,
+                        "a warm pool member failed its verification at claim; it is ended, not handed out"
+                    );
+                    self.remove(member.session, counted, "failed verification");
+                }
             }
-            tracing::warn!(
-                container = %member.session.name,
-                "a warm pool member failed its verification at claim; it is ended, not handed out"
-            );
-            self.remove(member.session, counted, "failed verification");
         }
     }
 
@@ -480,6 +506,24 @@ impl SessionPool {
 
     fn closed(&self) -> bool {
         self.state().closed
+    }
+}
+
+/// A claim's check of `session`, cheapest first: its warm relays, its read-back (docker's
+/// inspection), then a round trip to its agent (a dead agent would end the session at its
+/// first call). Only docker not answering leaves the member unjudged.
+async fn check(session: &mut DockerSession) -> Check {
+    if !session.warm_alive() {
+        return Check::Failed("a warm interpreter's relay is gone".to_owned());
+    }
+    match session.prepare().await {
+        Ok(()) => {}
+        Err(SessionFault::Refused(_)) => return Check::Unanswered,
+        Err(e) => return Check::Failed(e.to_string()),
+    }
+    match session.agent_answers().await {
+        Ok(()) => Check::Ready,
+        Err(e) => Check::Failed(e.to_string()),
     }
 }
 
