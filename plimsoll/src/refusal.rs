@@ -247,6 +247,25 @@ pub fn session_ended_detail(reason: SessionEnd, detail: &str) -> ErrorDetail {
     ErrorDetail::from_message(SESSION_ENDED_TYPE, &msg)
 }
 
+/// The error for a session call that its session's end cut short while it ran (wire.md §7.3):
+/// the code of the ended-session row and its `SessionEnded` detail, but no `NotDispatched`
+/// mark, because the call's code may have run. `unanswered` is given that code and returns
+/// the call's `UnansweredCall` detail (its record states the code); the message is `detail`.
+pub fn session_ended_under_call(
+    reason: SessionEnd,
+    detail: &str,
+    unanswered: impl FnOnce(ErrorCode) -> ErrorDetail,
+) -> ConnectError {
+    let ended = Refusal::SessionEnded {
+        reason,
+        detail: detail.to_owned(),
+    };
+    let (code, _) = ended.code_and_reason();
+    ConnectError::new(code, detail.to_owned())
+        .with_detail(unanswered(code))
+        .with_detail(session_ended_detail(reason, detail))
+}
+
 /// The answer to an infrastructure fault: `internal`, unmarked (it may have
 /// run), and a message that names only the id under which the daemon logged
 /// the detail.
@@ -365,6 +384,26 @@ mod tests {
         assert_eq!(detail_bytes(&err, NOT_DISPATCHED_TYPE), vec![0x08, 0x01]);
         let ended = detail_bytes(&err, SESSION_ENDED_TYPE);
         assert_eq!(&ended[..2], &[0x08, 0x09]);
+    }
+
+    #[test]
+    fn a_call_cut_short_by_its_session_end_has_the_ended_code_and_no_mark() {
+        let mut stated = None;
+        let err = session_ended_under_call(SessionEnd::SESSION_END_EXPIRED, "gone", |code| {
+            stated = Some(code);
+            ErrorDetail::from_message(UNANSWERED_CALL_TYPE, &NotDispatched::default())
+        });
+        let row = Refusal::SessionEnded {
+            reason: SessionEnd::SESSION_END_EXPIRED,
+            detail: "gone".into(),
+        };
+        assert_eq!(stated, Some(row.code_and_reason().0));
+        assert_eq!(err.code, ErrorCode::FailedPrecondition);
+        assert_eq!(err.message.as_deref(), Some("gone"));
+        assert_eq!(not_dispatched_reason(&err), None);
+        let types: Vec<&str> = err.details.iter().map(|d| d.type_url.as_str()).collect();
+        assert_eq!(types, [UNANSWERED_CALL_TYPE, SESSION_ENDED_TYPE]);
+        assert_eq!(&detail_bytes(&err, SESSION_ENDED_TYPE)[..2], &[0x08, 0x02]);
     }
 
     #[test]

@@ -11,7 +11,7 @@ use buffa::MessageField;
 use connectrpc::{ConnectError, ErrorCode, ErrorDetail};
 use plimsoll::payload::{Payload, PayloadKind};
 use plimsoll::record;
-use plimsoll::refusal::{Refusal, UNANSWERED_CALL_TYPE, session_ended_detail};
+use plimsoll::refusal::{Refusal, UNANSWERED_CALL_TYPE, session_ended_under_call};
 use plimsoll::validate;
 use plimsoll::wire::{
     CellResult, CloseSessionRequest, CloseSessionResponse, OpenSessionRequest, OpenSessionResponse,
@@ -368,8 +368,9 @@ impl Call {
             // the sweep still proves the boundary before the next call.
             Err(SessionFault::Refused(r)) => Err(r.into()),
             Err(SessionFault::Ended { reason, detail }) => {
-                let err = self.unanswered(&mut turn, ErrorCode::FailedPrecondition, &detail);
-                let err = err.with_detail(session_ended_detail(reason, &detail));
+                let err = session_ended_under_call(reason, &detail, |code| {
+                    self.unanswered_detail(&mut turn, code)
+                });
                 drop(turn);
                 self.state.sessions.end(&self.entry, reason, &detail);
                 return Err(err);
@@ -490,16 +491,18 @@ impl Call {
         }
     }
 
-    /// A call that may have run but has no result: its version-4 record counts in the chain
-    /// and travels in the `UnansweredCall` detail.
-    fn unanswered(&self, turn: &mut TurnGuard, code: ErrorCode, message: &str) -> ConnectError {
-        self.unanswered_from(turn, ConnectError::new(code, message.to_owned()))
+    /// `err` for a call that may have run but has no result, with its `UnansweredCall` detail.
+    fn unanswered_from(&self, turn: &mut TurnGuard, err: ConnectError) -> ConnectError {
+        let detail = self.unanswered_detail(turn, err.code);
+        err.with_detail(detail)
     }
 
-    fn unanswered_from(&self, turn: &mut TurnGuard, err: ConnectError) -> ConnectError {
+    /// The `UnansweredCall` detail of a call whose error has `code`: its version-4 record
+    /// states the code and counts in the chain.
+    fn unanswered_detail(&self, turn: &mut TurnGuard, code: ErrorCode) -> ErrorDetail {
         let sealed = self.arrived.seal_unanswered_call(
             &self.req,
-            err.code.as_str(),
+            code.as_str(),
             &self.entry.stated,
             &mut turn.chain,
         );
@@ -507,7 +510,7 @@ impl Call {
             record: MessageField::some(sealed),
             ..Default::default()
         };
-        err.with_detail(ErrorDetail::from_message(UNANSWERED_CALL_TYPE, &detail))
+        ErrorDetail::from_message(UNANSWERED_CALL_TYPE, &detail)
     }
 }
 
