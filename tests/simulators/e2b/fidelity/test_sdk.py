@@ -254,6 +254,23 @@ def suite_for(runtime: str):
             finally:
                 sbx.kill()
 
+        def test_stdin_and_the_traffic_token(self) -> None:
+            # What plimsoll's held cells and creates rest on: a process started with stdin
+            # open, fed by SendInput and ended by CloseStdin; and a create with public traffic
+            # off answers a traffic access token.
+            sbx = Sandbox.create(timeout=120, network={"allow_public_traffic": False})
+            try:
+                self.assertTrue(sbx.traffic_access_token)
+                self.assertIs(sbx.get_info().network.get("allow_public_traffic"), False)
+                handle = sbx.commands.run("cat", background=True, stdin=True)
+                sbx.commands.send_stdin(handle.pid, "one\n")
+                sbx.commands.send_stdin(handle.pid, b"two\n")
+                sbx.commands.close_stdin(handle.pid)
+                result = handle.wait()
+                self.assertEqual((result.stdout, result.exit_code), ("one\ntwo\n", 0))
+            finally:
+                sbx.kill()
+
         def test_no_dns_servers_means_no_name_resolves_but_the_name_still_matches(self) -> None:
             # dns_servers [] (the SDK sends it as dnsServers): the guard's name no longer
             # resolves in the VM, and a client that connects to an address of its own with
