@@ -38,6 +38,17 @@ pub enum Reason {
 }
 
 impl Reason {
+    /// Every reason, in wire order.
+    pub const ALL: [Reason; 7] = [
+        Reason::Request,
+        Reason::Permission,
+        Reason::Protocol,
+        Reason::Unsupported,
+        Reason::Isolation,
+        Reason::Capacity,
+        Reason::Environment,
+    ];
+
     /// The reason's wire enum value.
     pub fn to_wire(self) -> NotDispatchedReason {
         match self {
@@ -67,17 +78,12 @@ impl Reason {
 
     /// Reads a wire reason; `UNSPECIFIED` and unknown numbers mark nothing.
     pub fn from_wire(n: i32) -> Option<Reason> {
-        [
-            Reason::Request,
-            Reason::Permission,
-            Reason::Protocol,
-            Reason::Unsupported,
-            Reason::Isolation,
-            Reason::Capacity,
-            Reason::Environment,
-        ]
-        .into_iter()
-        .find(|r| r.to_wire() as i32 == n)
+        Reason::ALL.into_iter().find(|r| r.to_wire() as i32 == n)
+    }
+
+    /// Reads a reason by its short name; anything else names none.
+    pub fn from_name(name: &str) -> Option<Reason> {
+        Reason::ALL.into_iter().find(|r| r.as_str() == name)
     }
 }
 
@@ -149,6 +155,32 @@ pub enum Refusal {
 }
 
 impl Refusal {
+    /// One refusal of each kind (empty messages): the rows of the table, for a reader to walk
+    /// (the Rust client classifies an answer by the row it matches).
+    pub const ROWS: &[Refusal] = &[
+        Refusal::InvalidRequest(String::new()),
+        Refusal::ProtocolMissing,
+        Refusal::ProtocolMismatch(0),
+        Refusal::Unsupported(String::new()),
+        Refusal::Disabled(String::new()),
+        Refusal::InsufficientIsolation {
+            floor: Floor::NONE,
+            tier: IsolationTier::None,
+        },
+        Refusal::SoftwareMismatch(String::new()),
+        Refusal::Environment(String::new()),
+        Refusal::SessionEnded {
+            reason: SessionEnd::SESSION_END_UNSPECIFIED,
+            detail: String::new(),
+        },
+        Refusal::SessionNotFound,
+        Refusal::PermissionDenied(String::new()),
+        Refusal::Unauthenticated(String::new()),
+        Refusal::AtCapacity(String::new()),
+        Refusal::BodyTooLarge(String::new()),
+        Refusal::DeadlineBeforeDispatch(String::new()),
+    ];
+
     /// The Connect code and the `NotDispatched` reason of this refusal: the
     /// table of wire.md §8.3.
     pub fn code_and_reason(&self) -> (ErrorCode, Reason) {
@@ -175,23 +207,26 @@ impl Refusal {
         }
     }
 
+    /// The `SessionEnded` detail's reason and sentence, for the session refusals.
+    pub fn session_end(&self) -> Option<(SessionEnd, &str)> {
+        match self {
+            Refusal::SessionEnded { reason, detail } => Some((*reason, detail)),
+            Refusal::SessionNotFound => Some((
+                SessionEnd::SESSION_END_NOT_FOUND,
+                "no such session for this caller",
+            )),
+            _ => None,
+        }
+    }
+
     /// The Connect error the caller receives: code, message, the
     /// `NotDispatched` detail and, for session refusals, the `SessionEnded` detail.
     pub fn to_connect_error(&self) -> ConnectError {
         let (code, reason) = self.code_and_reason();
         let mut err = ConnectError::new(code, self.to_string());
         err = err.with_detail(not_dispatched_detail(reason));
-        match self {
-            Refusal::SessionEnded { reason, detail } => {
-                err = err.with_detail(session_ended_detail(*reason, detail));
-            }
-            Refusal::SessionNotFound => {
-                err = err.with_detail(session_ended_detail(
-                    SessionEnd::SESSION_END_NOT_FOUND,
-                    "no such session for this caller",
-                ));
-            }
-            _ => {}
+        if let Some((end, detail)) = self.session_end() {
+            err = err.with_detail(session_ended_detail(end, detail));
         }
         err
     }
@@ -280,6 +315,34 @@ mod tests {
     use super::*;
     use base64::Engine as _;
 
+    /// Each variant's place in [`Refusal::ROWS`]. A new variant fails to compile here: give
+    /// it the next place and add it to the rows.
+    fn row_index(r: &Refusal) -> usize {
+        match r {
+            Refusal::InvalidRequest(_) => 0,
+            Refusal::ProtocolMissing => 1,
+            Refusal::ProtocolMismatch(_) => 2,
+            Refusal::Unsupported(_) => 3,
+            Refusal::Disabled(_) => 4,
+            Refusal::InsufficientIsolation { .. } => 5,
+            Refusal::SoftwareMismatch(_) => 6,
+            Refusal::Environment(_) => 7,
+            Refusal::SessionEnded { .. } => 8,
+            Refusal::SessionNotFound => 9,
+            Refusal::PermissionDenied(_) => 10,
+            Refusal::Unauthenticated(_) => 11,
+            Refusal::AtCapacity(_) => 12,
+            Refusal::BodyTooLarge(_) => 13,
+            Refusal::DeadlineBeforeDispatch(_) => 14,
+        }
+    }
+
+    #[test]
+    fn the_rows_hold_every_variant_once() {
+        let indices: Vec<usize> = Refusal::ROWS.iter().map(row_index).collect();
+        assert_eq!(indices, (0..Refusal::ROWS.len()).collect::<Vec<_>>());
+    }
+
     #[test]
     fn every_refusal_reads_back_the_reason_the_table_wrote() {
         let refusals = [
@@ -305,7 +368,7 @@ mod tests {
             Refusal::BodyTooLarge("x".into()),
             Refusal::DeadlineBeforeDispatch("x".into()),
         ];
-        for refusal in refusals {
+        for refusal in refusals.iter().chain(Refusal::ROWS) {
             let (_, reason) = refusal.code_and_reason();
             assert_eq!(
                 not_dispatched_reason(&refusal.to_connect_error()),
@@ -414,12 +477,14 @@ mod tests {
     }
 
     #[test]
-    fn reasons_round_trip_through_wire_numbers() {
-        for n in 1..=7 {
-            let r = Reason::from_wire(n).expect("known reason");
-            assert_eq!(r.to_wire() as i32, n);
+    fn reasons_round_trip_through_wire_numbers_and_names() {
+        for (r, n) in Reason::ALL.into_iter().zip(1..) {
+            assert_eq!(r.to_wire() as i32, n, "{r:?}");
+            assert_eq!(Reason::from_wire(n), Some(r));
+            assert_eq!(Reason::from_name(r.as_str()), Some(r));
         }
         assert_eq!(Reason::from_wire(0), None);
         assert_eq!(Reason::from_wire(8), None);
+        assert_eq!(Reason::from_name("unknown"), None);
     }
 }

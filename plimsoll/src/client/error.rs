@@ -9,7 +9,7 @@
 use std::fmt;
 
 use super::SessionAnswer;
-use crate::refusal::Reason;
+use crate::refusal::{Reason, Refusal};
 use crate::wire::{CloseSessionResponse, DescribeResponse, RunRecord, RunResponse, SessionEnd};
 
 /// The not-dispatched mark of a refusal: proof that nothing ran.
@@ -34,10 +34,7 @@ impl Mark {
     /// Reads a reason by its short name (`request`, `permission`, …); `unknown` and anything
     /// else is no mark.
     pub fn from_name(name: &str) -> Option<Mark> {
-        (1..=7)
-            .filter_map(Reason::from_wire)
-            .find(|r| r.as_str() == name)
-            .map(Mark::Reason)
+        Reason::from_name(name).map(Mark::Reason)
     }
 }
 
@@ -234,6 +231,29 @@ macro_rules! the_failure {
 }
 
 impl ClientError {
+    /// The kind a daemon refusal is to this client: the published client's error class for
+    /// that row of wire.md §8.3 (§8.4). `None` for a refusal without a class of its own: its
+    /// answer is classified by its code like any other.
+    pub(crate) fn kind_of(refusal: &Refusal) -> Option<fn(Box<Failure>) -> ClientError> {
+        Some(match refusal {
+            Refusal::InvalidRequest(_) | Refusal::ProtocolMissing | Refusal::BodyTooLarge(_) => {
+                ClientError::InvalidRequest
+            }
+            Refusal::ProtocolMismatch(_) => ClientError::ProtocolMismatch,
+            Refusal::Unsupported(_) => ClientError::Unsupported,
+            Refusal::Disabled(_) => ClientError::Disabled,
+            Refusal::InsufficientIsolation { .. } => ClientError::InsufficientIsolation,
+            // One row on the wire (failed_precondition, environment): the client cannot tell
+            // them apart.
+            Refusal::SoftwareMismatch(_) | Refusal::Environment(_) => ClientError::SoftwareMismatch,
+            Refusal::SessionEnded { .. } | Refusal::SessionNotFound => ClientError::SessionEnded,
+            Refusal::AtCapacity(_) => ClientError::AtCapacity,
+            Refusal::PermissionDenied(_)
+            | Refusal::Unauthenticated(_)
+            | Refusal::DeadlineBeforeDispatch(_) => return None,
+        })
+    }
+
     /// What the failure states.
     pub fn failure(&self) -> &Failure {
         the_failure!(self, f)
@@ -291,12 +311,21 @@ impl ClientError {
     }
 }
 
+/// This client's own refusal before sending, as the daemon would refuse it: the code, mark,
+/// session end and kind of `refusal`'s row, with `message`.
+pub(crate) fn refused(refusal: &Refusal, message: impl Into<String>) -> ClientError {
+    let (code, reason) = refusal.code_and_reason();
+    let mut f = Failure::new(code.as_str(), message).marked(reason);
+    f.session_end = refusal
+        .session_end()
+        .map(|(end, detail)| (end, detail.to_owned()));
+    ClientError::kind_of(refusal).unwrap_or(ClientError::Other)(Box::new(f))
+}
+
 /// A local refusal before sending: `invalid_argument`, marked `request`.
 pub(crate) fn invalid(message: impl Into<String>) -> ClientError {
-    ClientError::InvalidRequest(Box::new(
-        Failure::new("invalid_argument", format!("plimsoll: {}", message.into()))
-            .marked(Reason::Request),
-    ))
+    let refusal = Refusal::InvalidRequest(message.into());
+    refused(&refusal, format!("plimsoll: {refusal}"))
 }
 
 /// A data-loss failure with `message`.

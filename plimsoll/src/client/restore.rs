@@ -8,10 +8,13 @@
 
 use base64::Engine as _;
 use buffa::Message as _;
+use connectrpc::ErrorCode;
 
 use super::error::{ClientError, Failure, Mark};
 use crate::record::UNANSWERED_CODES;
-use crate::refusal::{NOT_DISPATCHED_TYPE, Reason, SESSION_ENDED_TYPE, UNANSWERED_CALL_TYPE};
+use crate::refusal::{
+    NOT_DISPATCHED_TYPE, Reason, Refusal, SESSION_ENDED_TYPE, UNANSWERED_CALL_TYPE,
+};
 use crate::wire::{NotDispatched, RunRecord, SessionEnd, SessionEnded, UnansweredCall};
 
 /// Appended to the message of an answer that was not bound to its request.
@@ -137,27 +140,41 @@ pub(crate) fn error_from_wire(
     classify(&code, details.mark, details.end.is_some(), failure)
 }
 
-/// Picks the kind from the code, the mark and whether a session end was stated.
+/// Picks the kind from the code, the mark and whether a session end was stated, reading the
+/// daemon's refusal table ([`Refusal::ROWS`]) backwards: a session end types an answer whose
+/// code the table sends with one; otherwise the row with this code and mark gives the kind.
+/// An answer that is no row (unmarked: it may have run), or whose row has no class of its
+/// own, takes its code's kind (wire.md §8.4).
 fn classify(code: &str, mark: Option<Mark>, ended: bool, f: Box<Failure>) -> ClientError {
+    let code = code.parse::<ErrorCode>().ok();
     let reason = match mark {
         Some(Mark::Reason(r)) => Some(r),
         _ => None,
     };
+    let row = |r: &Refusal| {
+        let (c, why) = r.code_and_reason();
+        Some(c) == code
+            && match r.session_end() {
+                Some(_) => ended,
+                None => Some(why) == reason,
+            }
+    };
+    let by_end = Refusal::ROWS.iter().filter(|r| r.session_end().is_some());
+    let by_mark = Refusal::ROWS.iter().filter(|r| r.session_end().is_none());
+    if let Some(kind) = by_end
+        .chain(by_mark)
+        .filter(|r| row(r))
+        .find_map(ClientError::kind_of)
+    {
+        return kind(f);
+    }
     match code {
-        "failed_precondition" if ended => ClientError::SessionEnded(f),
-        "failed_precondition" => match reason {
-            Some(Reason::Isolation) => ClientError::InsufficientIsolation(f),
-            Some(Reason::Environment) => ClientError::SoftwareMismatch(f),
-            _ => ClientError::Disabled(f),
-        },
-        "unimplemented" if reason == Some(Reason::Protocol) => ClientError::ProtocolMismatch(f),
-        "unimplemented" => ClientError::Unsupported(f),
-        // Over capacity is "retry later" only on the daemon's capacity refusal; an over-size
-        // request is the caller's to fix, and an unmarked one may follow execution.
-        "resource_exhausted" if reason == Some(Reason::Capacity) => ClientError::AtCapacity(f),
-        "resource_exhausted" if reason == Some(Reason::Request) => ClientError::InvalidRequest(f),
-        "invalid_argument" => ClientError::InvalidRequest(f),
-        "canceled" | "deadline_exceeded" => ClientError::Other(f),
+        Some(ErrorCode::FailedPrecondition) => ClientError::Disabled(f),
+        Some(ErrorCode::Unimplemented) => ClientError::Unsupported(f),
+        Some(ErrorCode::InvalidArgument) => ClientError::InvalidRequest(f),
+        // Unmarked, they may follow execution: no class says "refused" (nor, for over
+        // capacity, "retry later").
+        Some(ErrorCode::Canceled | ErrorCode::DeadlineExceeded) => ClientError::Other(f),
         _ if ended => ClientError::SessionEnded(f),
         _ => ClientError::Other(f),
     }
@@ -174,6 +191,49 @@ mod tests {
             .collect();
         serde_json::to_vec(&serde_json::json!({"code": code, "message": "m", "details": details}))
             .unwrap_or_default()
+    }
+
+    fn kind(e: &ClientError) -> std::mem::Discriminant<ClientError> {
+        std::mem::discriminant(e)
+    }
+
+    #[test]
+    fn every_row_of_the_table_reads_back_as_its_kind_code_mark_and_end() {
+        for row in Refusal::ROWS {
+            let (code, reason) = row.code_and_reason();
+            let expected = ClientError::kind_of(row).unwrap_or(ClientError::Other)(Box::default());
+            let err = row.to_connect_error();
+            let body = serde_json::to_vec(&err).unwrap_or_default();
+            let read = error_from_wire(code.http_status().as_u16(), &body, true, None);
+            // The client's own refusal of the row is the same error as the daemon's.
+            let local = super::super::error::refused(row, "m");
+            for e in [&read, &local] {
+                assert_eq!(kind(e), kind(&expected), "{row:?}: {e:?}");
+                assert_eq!(e.code(), code.as_str(), "{row:?}");
+                assert_eq!(e.not_dispatched_reason(), Some(Mark::Reason(reason)));
+                let end = row.session_end().map(|(r, d)| (r, d.to_owned()));
+                assert_eq!(e.failure().session_end, end, "{row:?}");
+            }
+        }
+    }
+
+    #[test]
+    fn a_call_cut_short_by_its_session_end_reads_back_unmarked_as_session_ended() {
+        let err = crate::refusal::session_ended_under_call(
+            SessionEnd::SESSION_END_EXPIRED,
+            "gone",
+            |_| {
+                connectrpc::ErrorDetail::from_message(
+                    UNANSWERED_CALL_TYPE,
+                    &UnansweredCall::default(),
+                )
+            },
+        );
+        let body = serde_json::to_vec(&err).unwrap_or_default();
+        let e = error_from_wire(400, &body, true, None);
+        assert!(matches!(e, ClientError::SessionEnded(_)), "{e:?}");
+        assert_eq!(e.not_dispatched_reason(), None);
+        assert_eq!(e.code(), "failed_precondition");
     }
 
     #[test]
