@@ -73,12 +73,12 @@ pub use transport::{MAX_RESPONSE_BYTES, NOT_DISPATCHED_HEADER, REQUEST_ID_HEADER
 
 use answer::check_run;
 use endpoint::Endpoint;
-use error::{Failure as F, data_loss, invalid};
+use error::{Failure as F, data_loss, invalid, refused};
 use transport::Transport;
 
 use crate::payload::PayloadKind;
 use crate::record::{self, check_single, session_fingerprint};
-use crate::refusal::{PROTOCOL, Reason};
+use crate::refusal::{PROTOCOL, Refusal};
 use crate::validate;
 use crate::wire::{
     DescribeRequest, DescribeResponse, JavaScriptRun, OpenSessionRequest, OpenSessionResponse,
@@ -268,16 +268,15 @@ impl Client {
             .call("Describe", &DescribeRequest::default())
             .await?;
         if info.protocol != PROTOCOL {
-            let mut f = F::new(
-                "unimplemented",
+            let mut err = refused(
+                &Refusal::ProtocolMismatch(info.protocol),
                 format!(
                     "plimsoll: the daemon serves protocol {} and this client speaks {PROTOCOL}",
                     info.protocol
                 ),
-            )
-            .marked(Reason::Protocol);
-            f.describe = Some(Box::new(info));
-            return Err(ClientError::ProtocolMismatch(Box::new(f)));
+            );
+            err.failure_mut().describe = Some(Box::new(info));
+            return Err(err);
         }
         Ok(info)
     }

@@ -9,12 +9,12 @@ use serde::{Deserialize, Serialize};
 use tokio::sync::Mutex;
 
 use super::answer::{check_floor, check_run};
-use super::error::{ClientError, Failure, data_loss, from_record_error, invalid};
+use super::error::{ClientError, Failure, data_loss, from_record_error, invalid, refused};
 use super::options::{self, RunOptions};
 use super::transport::Transport;
 use crate::payload::PayloadKind;
 use crate::record::{self, check, check_chain, check_unanswered};
-use crate::refusal::{PROTOCOL, Reason};
+use crate::refusal::{PROTOCOL, Reason, Refusal};
 use crate::tier::Floor;
 use crate::validate;
 use crate::wire::{
@@ -272,14 +272,17 @@ impl Session {
         let close_called = inner.close.is_some();
         let st = &mut inner.state;
         if st.closed || close_called {
-            let mut f = Failure::new(
-                "failed_precondition",
+            let closed = Refusal::SessionEnded {
+                reason: SessionEnd::SESSION_END_CLOSED,
+                detail: String::new(),
+            };
+            return Err(refused(
+                &closed,
                 "plimsoll: this session was closed; nothing was sent",
-            )
-            .marked(Reason::Request);
-            f.session_end = Some((SessionEnd::SESSION_END_CLOSED, String::new()));
-            return Err(ClientError::SessionEnded(Box::new(f)));
+            ));
         }
+        // No row of the daemon's table: the session has not ended, this client stops on it
+        // (wire.md §8.4 gives its code and mark).
         if let Some(why) = &st.stopped {
             return Err(ClientError::Other(Box::new(
                 Failure::new(
