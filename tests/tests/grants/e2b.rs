@@ -459,4 +459,32 @@ fn e2b_call_mode_gives_each_granted_call_a_fresh_guard_token() {
     for token in &seen {
         assert!(!logs.contains(token.as_str()), "a call's token was logged");
     }
+
+    // E2B takes the call's rule but loses `dnsServers` (its default nameserver then opens
+    // beside the guard's name): the read-back after the put refuses the call, nothing ran,
+    // and the rule comes off again.
+    sim.sim
+        .set_faults(&json!({ "networkUpdateDropsDnsServers": true }))
+        .expect("faults");
+    let refused = session_call(&d, &f.alice, &id, "console.log('ran')", "sess")
+        .expect_err("a rule that opens a nameserver");
+    assert_eq!(refused.code, "failed_precondition", "{refused:?}");
+    assert!(refused.message.contains("did not read back"), "{refused:?}");
+    sim.sim.set_faults(&json!({})).expect("faults");
+    let after =
+        session_call(&d, &f.alice, &id, "console.log('on')", "").expect("the session goes on");
+    assert_eq!(stdout_of(&after), "on\n");
+    // Read directly: the take-off went through while E2B was still losing `dnsServers`,
+    // which opens nothing without a domain in `allowOut`.
+    let vm = instance
+        .strip_prefix("e2b-sandbox:")
+        .expect("an e2b-sandbox instance");
+    let (status, detail) = sim.api("GET", &format!("/sandboxes/{vm}"), None);
+    assert_eq!(status, 200, "{detail}");
+    let network = &detail["network"];
+    assert!(
+        network["allowOut"].is_null() || network["allowOut"] == json!([]),
+        "rule off: {network}"
+    );
+    assert!(network["rules"].is_null(), "rule off: {network}");
 }

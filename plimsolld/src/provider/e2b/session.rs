@@ -385,15 +385,35 @@ impl E2bSession {
                 host: &guard.host,
                 token: token.expose(),
             };
-            if let Err(e) = vm.fleet().api.set_network(vm.id(), &rule.network()).await {
-                tracing::warn!(error = %e, "the call's guard rule could not be put on");
-                // A put that failed may still have been applied: take it off at the sweep.
-                self.rule_left = true;
-                return Err(SessionFault::Refused(Refusal::Environment(
-                    "E2B did not take the call's network rule; nothing ran".to_owned(),
-                )));
-            }
+            let put = vm.fleet().api.set_network(vm.id(), &rule.network()).await;
+            // What E2B holds, not what was sent: the call runs only under the rule as asked
+            // (the guard's name alone, no nameserver).
+            let held = match put {
+                Err(e) => Err(e),
+                Ok(()) => Ok(match vm.fleet().api.detail(vm.id()).await {
+                    Ok(Some(detail)) => vm.fleet().mismatch(&detail, Some(&guard.host)),
+                    Ok(None) => Some("the VM is gone".to_owned()),
+                    Err(e) => Some(format!("no read-back ({e})")),
+                }),
+            };
+            // A put that failed may still have been applied: the sweep takes the rule off.
             self.rule_left = true;
+            match held {
+                Err(e) => {
+                    tracing::warn!(error = %e, "the call's guard rule could not be put on");
+                    return Err(SessionFault::Refused(Refusal::Environment(
+                        "E2B did not take the call's network rule; nothing ran".to_owned(),
+                    )));
+                }
+                Ok(Some(mismatch)) => {
+                    tracing::warn!(%mismatch, "the call's network rule did not read back as put on");
+                    return Err(SessionFault::Refused(Refusal::Environment(
+                        "the call's network rule did not read back as put on; nothing ran"
+                            .to_owned(),
+                    )));
+                }
+                Ok(None) => {}
+            }
         }
         Ok(Some(library))
     }

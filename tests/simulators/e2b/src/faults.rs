@@ -31,6 +31,9 @@ pub struct Faults {
     /// simulator answers `https://example.com` (and `http://`) itself with a 200, as the
     /// internet would (this machine has none).
     pub egress_allowed: bool,
+    /// `PUT /sandboxes/{id}/network` drops `dnsServers` (E2B's default nameserver then
+    /// applies), as a vendor that lost the field would.
+    pub network_update_drops_dns_servers: bool,
 }
 
 impl Faults {
@@ -57,6 +60,7 @@ impl Faults {
             "drop-end-frame" => self.drop_end_frame = true,
             "drop-end-event" => self.drop_end_event = true,
             "egress-allowed" => self.egress_allowed = true,
+            "network-update-drops-dns-servers" => self.network_update_drops_dns_servers = true,
             other => return Err(format!("unknown fault {other:?}")),
         }
         Ok(())

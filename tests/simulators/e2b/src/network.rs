@@ -187,11 +187,10 @@ impl NetworkConfig {
             .unwrap_or_else(|| vec![DEFAULT_DNS_SERVER.to_owned()])
     }
 
-    /// Whether a VM with this config can reach a nameserver, so names resolve in it: a DNS
-    /// server `allowOut` opens, or no rule that denies the default one.
+    /// Whether names resolve in a VM with this config: its `/etc/resolv.conf` names E2B's
+    /// default nameserver whatever `dnsServers` says, so only when that one is reachable.
     pub fn resolves_names(&self) -> bool {
-        !self.dns_servers_reachable().is_empty()
-            || self.egress(DEFAULT_DNS_SERVER) == Egress::Allowed
+        self.egress(DEFAULT_DNS_SERVER) == Egress::Allowed
     }
 
     /// The header transforms for `host`: the exact rule, else the longest matching wildcard.
@@ -324,6 +323,8 @@ mod tests {
         }));
         assert_eq!(own.egress("1.1.1.1"), Egress::Allowed);
         assert_eq!(own.egress(DEFAULT_DNS_SERVER), Egress::Denied);
+        // resolv.conf still names 8.8.8.8: another server opens nothing that resolves.
+        assert!(!own.resolves_names());
         // Without a domain in allowOut, dnsServers opens nothing.
         let ips_only = config(serde_json::json!({
             "denyOut": ["0.0.0.0/0"], "allowOut": ["10.1.2.3"], "dnsServers": ["1.1.1.1"]

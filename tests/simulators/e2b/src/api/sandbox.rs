@@ -139,10 +139,13 @@ pub async fn set_timeout(app: &App, id: &str, request: Request) -> Response {
 /// `PUT /sandboxes/{id}/network`: the egress config is replaced as a whole (a field left out
 /// is cleared); ingress settings stay. New connections see it at once.
 pub async fn network(app: &App, id: &str, request: Request) -> Response {
-    let update: NetworkConfig = match body(request).await {
+    let mut update: NetworkConfig = match body(request).await {
         Ok(update) => update,
         Err(response) => return response,
     };
+    if app.faults().network_update_drops_dns_servers {
+        update.dns_servers = None;
+    }
     let allow_internet_access = update.allow_internet_access;
     let validated = match update.validated(allow_internet_access) {
         Ok(validated) => validated,
