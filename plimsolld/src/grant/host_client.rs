@@ -19,6 +19,17 @@ use guard::token;
 /// The template; `__GLOBAL__`, `__ALLOW__` and `__TRANSPORT__` are filled in.
 const TEMPLATE: &str = include_str!("host_client.js");
 
+/// How both Node transports read an answer (`__ANSWER__` in them): the status and the body
+/// as text, resolving or rejecting the call's promise.
+const NODE_ANSWER: &str = r#"(res) => {
+        const chunks = [];
+        res.on("data", (c) => chunks.push(c));
+        res.on("error", reject);
+        res.on("end", () =>
+          resolve({ status: res.statusCode, body: Buffer.concat(chunks).toString("utf8") }),
+        );
+      }"#;
+
 /// The Node transport: one HTTP/1.1 request per call on the run's socket, the raw path as
 /// the target, the body as JSON with its length.
 const NODE_TRANSPORT: &str = r#"async (method, path, body) => {
@@ -31,14 +42,7 @@ const NODE_TRANSPORT: &str = r#"async (method, path, body) => {
         headers["content-length"] = Buffer.byteLength(payload);
       }
       const socketPath = process.env.HOST_API_SOCKET || "/run/host-api.sock";
-      const req = http.request({ socketPath, method, path, headers }, (res) => {
-        const chunks = [];
-        res.on("data", (c) => chunks.push(c));
-        res.on("error", reject);
-        res.on("end", () =>
-          resolve({ status: res.statusCode, body: Buffer.concat(chunks).toString("utf8") }),
-        );
-      });
+      const req = http.request({ socketPath, method, path, headers }, __ANSWER__);
       req.on("error", reject);
       if (payload !== undefined) req.write(payload);
       req.end();
@@ -82,14 +86,7 @@ const PINNED_GUARD_TRANSPORT: &str = r#"async (method, path, body) => {
     return await new Promise((resolve, reject) => {
       const headers = __HEADERS__;
       headers["content-length"] = Buffer.byteLength(payload);
-      const req = https.request(__GUARD_URL__, { method: "POST", headers, lookup }, (res) => {
-        const chunks = [];
-        res.on("data", (c) => chunks.push(c));
-        res.on("error", reject);
-        res.on("end", () =>
-          resolve({ status: res.statusCode, body: Buffer.concat(chunks).toString("utf8") }),
-        );
-      });
+      const req = https.request(__GUARD_URL__, { method: "POST", headers, lookup }, __ANSWER__);
       req.on("error", reject);
       req.end(payload);
     });
@@ -162,7 +159,10 @@ fn render(grant: &GuestGrant, transport: &str) -> String {
     let mut library = TEMPLATE
         .replace("__GLOBAL__", &name)
         .replace("__ALLOW__", &allow)
-        .replace("__TRANSPORT__", transport);
+        .replace(
+            "__TRANSPORT__",
+            &transport.replace("__ANSWER__", NODE_ANSWER),
+        );
     if !grant.preamble.is_empty() {
         library.push_str(&grant.preamble);
         library.push('\n');
@@ -218,6 +218,7 @@ mod tests {
             pinned.contains(r#"https.request("https://guard.example.com/v1/dockercloud/guard""#)
         );
         assert!(!pinned.contains("fetch(") && !pinned.contains(token.expose()));
+        assert!(pinned.contains("Buffer.concat(chunks)"));
         assert!(!pinned.contains("__"), "every placeholder is filled");
     }
 
@@ -227,6 +228,7 @@ mod tests {
         assert!(js.contains(r#"const name = "inv\"entory";"#), "{js}");
         assert!(js.contains(r#"[{"m":"GET","p":"/items/*"}]"#), "{js}");
         assert!(js.contains("node:http"));
+        assert!(js.contains("Buffer.concat(chunks)") && !js.contains("__ANSWER__"));
         assert!(js.trim_end().ends_with("globalThis.extra = 1;"));
         let q = quickjs(&grant());
         assert!(q.contains("__coderunner_host_call") && !q.contains("node:http"));
