@@ -161,15 +161,12 @@ pub async fn network(app: &App, id: &str, request: Request) -> Response {
             ..validated
         };
         s.allow_internet_access = allow_internet_access;
-        Ok(())
+        Ok(s.network.clone())
     });
     match outcome {
-        Some(Ok(())) => {
+        Some(Ok(network)) => {
             // What resolves in the VM follows whether it now reaches a nameserver.
-            let network = app.sandboxes.with(id, |s| s.network.clone());
-            if let Some(network) = network
-                && let Err(e) = crate::lifecycle::rewrite_hosts(app, id, &network)
-            {
+            if let Err(e) = crate::lifecycle::rewrite_hosts(app, id, &network) {
                 eprintln!("e2b-simulator: sandbox {id}: /etc/hosts not rewritten: {e}");
                 return error(StatusCode::INTERNAL_SERVER_ERROR, "network update failed");
             }
